@@ -1,0 +1,88 @@
+// Peak probe: f32 FMA throughput of one core, compiled for every Highway
+// target and run at the best one this CPU supports (the same set of targets
+// the library dispatches over), so the binary stays portable.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "bench/peak.cc"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace headsum {
+namespace bench {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// `reps` rounds of 12 independent FMA chains; returns the flops done and
+// writes a value derived from every chain to `sink` so none is dead code.
+// 2 FMA ports x 4 cycles latency need >= 8 chains in flight; 12 leaves
+// margin for a 5-cycle FMA and still fits AVX2's 16 registers.
+double FmaChains(size_t reps, float* sink) {
+  const hn::ScalableTag<float> d;
+  // acc = acc * m + c converges to c / (1 - m): no overflow, no denormals.
+  const auto m = hn::Set(d, 0.999999f);
+  const auto c = hn::Set(d, 1e-6f);
+  auto a0 = hn::Set(d, 1.0f), a1 = hn::Set(d, 1.1f), a2 = hn::Set(d, 1.2f);
+  auto a3 = hn::Set(d, 1.3f), a4 = hn::Set(d, 1.4f), a5 = hn::Set(d, 1.5f);
+  auto a6 = hn::Set(d, 1.6f), a7 = hn::Set(d, 1.7f), a8 = hn::Set(d, 1.8f);
+  auto a9 = hn::Set(d, 1.9f), a10 = hn::Set(d, 2.0f), a11 = hn::Set(d, 2.1f);
+  for (size_t i = 0; i < reps; ++i) {
+    a0 = hn::MulAdd(a0, m, c);
+    a1 = hn::MulAdd(a1, m, c);
+    a2 = hn::MulAdd(a2, m, c);
+    a3 = hn::MulAdd(a3, m, c);
+    a4 = hn::MulAdd(a4, m, c);
+    a5 = hn::MulAdd(a5, m, c);
+    a6 = hn::MulAdd(a6, m, c);
+    a7 = hn::MulAdd(a7, m, c);
+    a8 = hn::MulAdd(a8, m, c);
+    a9 = hn::MulAdd(a9, m, c);
+    a10 = hn::MulAdd(a10, m, c);
+    a11 = hn::MulAdd(a11, m, c);
+  }
+  const auto sum = hn::Add(hn::Add(hn::Add(hn::Add(a0, a1), hn::Add(a2, a3)),
+                                   hn::Add(hn::Add(a4, a5), hn::Add(a6, a7))),
+                           hn::Add(hn::Add(a8, a9), hn::Add(a10, a11)));
+  *sink = hn::GetLane(sum);
+  return 2.0 * 12.0 * static_cast<double>(hn::Lanes(d)) * static_cast<double>(reps);
+}
+
+const char* TargetOfProbe() { return hwy::TargetName(HWY_TARGET); }
+
+// NOLINTNEXTLINE(google-readability-namespace-comments)
+}  // namespace HWY_NAMESPACE
+}  // namespace bench
+}  // namespace headsum
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+#include <algorithm>
+#include <chrono>
+
+#include "bench/peak.h"
+
+namespace headsum {
+namespace bench {
+
+HWY_EXPORT(FmaChains);
+HWY_EXPORT(TargetOfProbe);
+
+Peak MeasureSingleCorePeak() {
+  float sink = 0.0f;
+  // ~10^7 rounds: tens of ms at any width, long enough to reach boost clock.
+  constexpr size_t kReps = size_t{1} << 23;
+  HWY_DYNAMIC_DISPATCH(FmaChains)(kReps, &sink);  // warm-up
+  double best = 0.0;
+  for (int trial = 0; trial < 5; ++trial) {
+    const auto start = std::chrono::steady_clock::now();
+    const double flops = HWY_DYNAMIC_DISPATCH(FmaChains)(kReps, &sink);
+    const std::chrono::duration<double> seconds = std::chrono::steady_clock::now() - start;
+    best = std::max(best, flops / seconds.count());
+  }
+  volatile float keep = sink;  // the chains' result is observed
+  (void)keep;
+  return Peak{best * 1e-9, HWY_DYNAMIC_DISPATCH(TargetOfProbe)()};
+}
+
+}  // namespace bench
+}  // namespace headsum
+#endif  // HWY_ONCE

@@ -1,0 +1,21 @@
+// The machine's measured single-core f32 FMA peak, the denominator of every
+// benchmark's pct_peak.
+#ifndef HEADSUM_BENCH_PEAK_H_
+#define HEADSUM_BENCH_PEAK_H_
+
+namespace headsum {
+namespace bench {
+
+struct Peak {
+  double gflops;       // f32 GFLOP/s of one core, FMA counted as 2 flops
+  const char* target;  // Highway target the probe ran on, e.g. "AVX3_DL"
+};
+
+// Runs independent FMA chains on the calling thread for a few tens of
+// milliseconds at the best Highway target this CPU supports; best of 5.
+Peak MeasureSingleCorePeak();
+
+}  // namespace bench
+}  // namespace headsum
+
+#endif  // HEADSUM_BENCH_PEAK_H_

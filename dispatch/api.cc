@@ -1,0 +1,291 @@
+// The C API: every call checks its arguments once, here, then hands the
+// validated dimensions to dispatch/ops (or the oneDNN reference).
+#include <stdio.h>
+
+#include <exception>
+#include <new>
+
+#include "dispatch/ops.h"
+#include "dispatch/targets.h"
+#include "dispatch/threads.h"
+#include "dispatch/validate.h"
+#include "headsum/headsum.h"
+#include "hwy/targets.h"
+#include "kernels/shapes.h"
+#ifdef HEADSUM_HAVE_ONEDNN
+#include "kernels/onednn/onednn_ref.h"
+#endif
+
+using headsum::AttnDims;
+using headsum::ProjDims;
+using namespace headsum::dispatch;
+
+#ifndef HEADSUM_VERSION_STRING
+#define HEADSUM_VERSION_STRING "0.0.0"
+#endif
+
+#define HEADSUM_CHECK(expr)                      \
+  do {                                           \
+    if (headsum_status status_ = (expr)) return status_; \
+  } while (0)
+
+namespace {
+
+// Kernels do not throw; this guards the C boundary all the same.
+template <class F>
+headsum_status Guarded(const char* fn, const F& f) {
+  try {
+    return f();
+  } catch (const std::bad_alloc&) {
+    return Fail(HEADSUM_ERR_OUT_OF_MEMORY, fn, "out of memory");
+  } catch (const std::exception& e) {
+    return Fail(HEADSUM_ERR_INTERNAL, fn, "internal error: %s", e.what());
+  }
+}
+
+headsum_status Reported(const char* fn, headsum_status status) {
+  if (status == HEADSUM_ERR_OUT_OF_MEMORY) {
+    return Fail(status, fn, "out of memory for per-thread scratch");
+  }
+  if (status == HEADSUM_ERR_INTERNAL) return Fail(status, fn, "internal error");
+  return status;
+}
+
+headsum_status NoOneDnn(const char* fn) {
+  return Fail(HEADSUM_ERR_UNSUPPORTED, fn,
+              "this build has no oneDNN reference (HEADSUM_WITH_ONEDNN=OFF)");
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* headsum_version(void) { return HEADSUM_VERSION_STRING; }
+
+const char* headsum_last_error(void) { return LastError(); }
+
+const char* headsum_active_target(void) { return hwy::TargetName(ActiveTarget()); }
+
+int headsum_compiled_targets(const char** names, int capacity) {
+  const auto targets = CompiledTargets();
+  for (int i = 0; names != nullptr && i < capacity && i < static_cast<int>(targets.size());
+       ++i) {
+    names[i] = hwy::TargetName(targets[static_cast<size_t>(i)]);
+  }
+  return static_cast<int>(targets.size());
+}
+
+headsum_status headsum_set_target(const char* name) {
+  static const char* fn = "headsum_set_target";
+  if (name == nullptr) {
+    for (int64_t t : CompiledTargets()) {
+      if (CpuRuns(t)) {
+        SetActiveTarget(t);
+        break;
+      }
+    }
+    return HEADSUM_OK;
+  }
+  const int64_t target = TargetFromName(name);
+  if (target == 0) {
+    return Fail(HEADSUM_ERR_UNSUPPORTED, fn, "name = \"%.64s\" is no target this build compiled",
+                name);
+  }
+  if (!SetActiveTarget(target)) {
+    return Fail(HEADSUM_ERR_UNSUPPORTED, fn, "name = \"%s\": this CPU cannot run it", name);
+  }
+  return HEADSUM_OK;
+}
+
+headsum_status headsum_set_num_threads(int n) {
+  if (n < 0) {
+    return Fail(HEADSUM_ERR_INVALID_ARGUMENT, "headsum_set_num_threads",
+                "n = %d must be >= 0 (0 means the default)", n);
+  }
+  SetNumThreads(n);
+  return HEADSUM_OK;
+}
+
+headsum_status headsum_qk_scores(const headsum_attn_shape* shape, const float* q,
+                                 const float* k, float* scores) {
+  static const char* fn = "headsum_qk_scores";
+  AttnDims a;
+  HEADSUM_CHECK(CheckAttnShape(fn, shape, &a));
+  HEADSUM_CHECK(CheckPointer(fn, "q", q));
+  HEADSUM_CHECK(CheckPointer(fn, "k", k));
+  HEADSUM_CHECK(CheckPointer(fn, "scores", scores));
+  return Guarded(fn, [&] { return Reported(fn, QkScores(a, q, k, scores)); });
+}
+
+headsum_status headsum_softmax_v(const headsum_attn_shape* shape, const float* scores,
+                                 const float* v, float* out) {
+  static const char* fn = "headsum_softmax_v";
+  AttnDims a;
+  HEADSUM_CHECK(CheckAttnShape(fn, shape, &a));
+  HEADSUM_CHECK(CheckPointer(fn, "scores", scores));
+  HEADSUM_CHECK(CheckPointer(fn, "v", v));
+  HEADSUM_CHECK(CheckPointer(fn, "out", out));
+  return Guarded(fn, [&] { return Reported(fn, SoftmaxV(a, scores, v, out)); });
+}
+
+headsum_status headsum_attention(const headsum_attn_shape* shape, const float* q,
+                                 const float* k, const float* v, float* out) {
+  static const char* fn = "headsum_attention";
+  AttnDims a;
+  HEADSUM_CHECK(CheckAttnShape(fn, shape, &a));
+  HEADSUM_CHECK(CheckPointer(fn, "q", q));
+  HEADSUM_CHECK(CheckPointer(fn, "k", k));
+  HEADSUM_CHECK(CheckPointer(fn, "v", v));
+  HEADSUM_CHECK(CheckPointer(fn, "out", out));
+  return Guarded(fn, [&] { return Reported(fn, Attention(a, q, k, v, out)); });
+}
+
+headsum_status headsum_project_heads_sum(const headsum_proj_shape* shape, const float* heads,
+                                         const float* wo, const float* bias, float* y) {
+  static const char* fn = "headsum_project_heads_sum";
+  ProjDims p;
+  HEADSUM_CHECK(CheckProjShape(fn, shape, &p));
+  HEADSUM_CHECK(CheckPointer(fn, "heads", heads));
+  HEADSUM_CHECK(CheckPointer(fn, "wo", wo));
+  HEADSUM_CHECK(CheckPointer(fn, "y", y));
+  return Guarded(fn, [&] {
+    return Reported(fn, ProjectHeadsSum(p, heads, wo, bias, nullptr, y, nullptr));
+  });
+}
+
+headsum_status headsum_project_heads_sum_ex(const headsum_proj_shape* shape,
+                                            const float* heads, const float* wo,
+                                            const float* bias, const float* head_gates,
+                                            float* y, float* per_head) {
+  static const char* fn = "headsum_project_heads_sum_ex";
+  ProjDims p;
+  HEADSUM_CHECK(CheckProjShape(fn, shape, &p));
+  HEADSUM_CHECK(CheckPointer(fn, "heads", heads));
+  HEADSUM_CHECK(CheckPointer(fn, "wo", wo));
+  if (y == nullptr && per_head == nullptr) {
+    return Fail(HEADSUM_ERR_INVALID_ARGUMENT, fn,
+                "y and per_head are both NULL: at least one output is needed");
+  }
+  if (per_head != nullptr) {
+    uint64_t n;
+    HEADSUM_CHECK(CheckElements(fn, "per_head [B][S][H][D]", &n, shape->batch, shape->seq,
+                                shape->heads, shape->model_dim));
+  }
+  return Guarded(fn, [&] {
+    return Reported(fn, ProjectHeadsSum(p, heads, wo, bias, head_gates, y, per_head));
+  });
+}
+
+headsum_status headsum_head_attribution(const headsum_proj_shape* shape, const float* heads,
+                                        const float* wo, const float* directions,
+                                        int64_t n_directions, float* out) {
+  static const char* fn = "headsum_head_attribution";
+  ProjDims p;
+  HEADSUM_CHECK(CheckProjShape(fn, shape, &p));
+  HEADSUM_CHECK(CheckPointer(fn, "heads", heads));
+  HEADSUM_CHECK(CheckPointer(fn, "wo", wo));
+  HEADSUM_CHECK(CheckPointer(fn, "directions", directions));
+  HEADSUM_CHECK(CheckPointer(fn, "out", out));
+  if (n_directions < 1) {
+    return Fail(HEADSUM_ERR_INVALID_ARGUMENT, fn, "n_directions = %lld must be >= 1",
+                static_cast<long long>(n_directions));
+  }
+  uint64_t n;
+  HEADSUM_CHECK(CheckElements(fn, "directions [R][D]", &n, n_directions, shape->model_dim));
+  HEADSUM_CHECK(CheckElements(fn, "out [B][S][H][R]", &n, shape->batch, shape->seq,
+                              shape->heads, n_directions));
+  HEADSUM_CHECK(CheckElements(fn, "Wo directions^T [H*L][R]", &n, shape->heads,
+                              shape->head_dim, n_directions));
+  return Guarded(fn, [&] {
+    return Reported(fn, HeadAttribution(p, heads, wo, directions,
+                                        static_cast<size_t>(n_directions), out));
+  });
+}
+
+headsum_status headsum_head_contribution_norms(const headsum_proj_shape* shape,
+                                               const float* heads, const float* wo,
+                                               float* out) {
+  static const char* fn = "headsum_head_contribution_norms";
+  ProjDims p;
+  HEADSUM_CHECK(CheckProjShape(fn, shape, &p));
+  HEADSUM_CHECK(CheckPointer(fn, "heads", heads));
+  HEADSUM_CHECK(CheckPointer(fn, "wo", wo));
+  HEADSUM_CHECK(CheckPointer(fn, "out", out));
+  return Guarded(fn, [&] { return Reported(fn, HeadContributionNorms(p, heads, wo, out)); });
+}
+
+// ---------------------------------------------------------------------------
+// oneDNN reference paths.
+
+headsum_status headsum_concat_project_onednn(const headsum_proj_shape* shape,
+                                             const float* heads, const float* wo,
+                                             const float* bias, float* y) {
+  static const char* fn = "headsum_concat_project_onednn";
+  ProjDims p;
+  HEADSUM_CHECK(CheckProjShape(fn, shape, &p));
+  HEADSUM_CHECK(CheckPointer(fn, "heads", heads));
+  HEADSUM_CHECK(CheckPointer(fn, "wo", wo));
+  HEADSUM_CHECK(CheckPointer(fn, "y", y));
+#ifdef HEADSUM_HAVE_ONEDNN
+  return Guarded(fn, [&] {
+    return Reported(fn, headsum::onednn::ConcatProject(p, heads, wo, bias, y, NumThreads()));
+  });
+#else
+  (void)bias;
+  return NoOneDnn(fn);
+#endif
+}
+
+headsum_status headsum_qk_scores_onednn(const headsum_attn_shape* shape, const float* q,
+                                        const float* k, float* scores) {
+  static const char* fn = "headsum_qk_scores_onednn";
+  AttnDims a;
+  HEADSUM_CHECK(CheckAttnShape(fn, shape, &a));
+  HEADSUM_CHECK(CheckPointer(fn, "q", q));
+  HEADSUM_CHECK(CheckPointer(fn, "k", k));
+  HEADSUM_CHECK(CheckPointer(fn, "scores", scores));
+#ifdef HEADSUM_HAVE_ONEDNN
+  return Guarded(fn, [&] {
+    return Reported(fn, headsum::onednn::QkScores(a, q, k, scores, NumThreads()));
+  });
+#else
+  return NoOneDnn(fn);
+#endif
+}
+
+headsum_status headsum_softmax_v_onednn(const headsum_attn_shape* shape, const float* scores,
+                                        const float* v, float* out) {
+  static const char* fn = "headsum_softmax_v_onednn";
+  AttnDims a;
+  HEADSUM_CHECK(CheckAttnShape(fn, shape, &a));
+  HEADSUM_CHECK(CheckPointer(fn, "scores", scores));
+  HEADSUM_CHECK(CheckPointer(fn, "v", v));
+  HEADSUM_CHECK(CheckPointer(fn, "out", out));
+#ifdef HEADSUM_HAVE_ONEDNN
+  return Guarded(fn, [&] {
+    return Reported(fn, headsum::onednn::SoftmaxV(a, scores, v, out, NumThreads()));
+  });
+#else
+  return NoOneDnn(fn);
+#endif
+}
+
+headsum_status headsum_attention_onednn(const headsum_attn_shape* shape, const float* q,
+                                        const float* k, const float* v, float* out) {
+  static const char* fn = "headsum_attention_onednn";
+  AttnDims a;
+  HEADSUM_CHECK(CheckAttnShape(fn, shape, &a));
+  HEADSUM_CHECK(CheckPointer(fn, "q", q));
+  HEADSUM_CHECK(CheckPointer(fn, "k", k));
+  HEADSUM_CHECK(CheckPointer(fn, "v", v));
+  HEADSUM_CHECK(CheckPointer(fn, "out", out));
+#ifdef HEADSUM_HAVE_ONEDNN
+  return Guarded(fn, [&] {
+    return Reported(fn, headsum::onednn::Attention(a, q, k, v, out, NumThreads()));
+  });
+#else
+  return NoOneDnn(fn);
+#endif
+}
+
+}  // extern "C"

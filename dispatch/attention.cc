@@ -1,0 +1,90 @@
+// Exports the attention kernels (qk_scores, softmax_v, attention) for every
+// compiled target and splits their work across threads.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "dispatch/attention.cc"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+
+#include "hwy/highway.h"
+#include "kernels/attention-inl.h"
+#include "kernels/qk_scores-inl.h"
+#include "kernels/softmax_v-inl.h"
+
+#if HWY_ONCE
+#include "dispatch/ops.h"
+#include "dispatch/targets.h"
+#include "dispatch/threads.h"
+
+namespace headsum {
+HWY_EXPORT(QDotKRows);
+HWY_EXPORT(QkScoresScratch);
+HWY_EXPORT(SoftmaxWeightedSumVRows);
+HWY_EXPORT(SoftmaxVScratch);
+HWY_EXPORT(FlashAttentionRows);
+HWY_EXPORT(AttentionScratch);
+
+namespace dispatch {
+namespace {
+
+// Query rows per work item of the unfused kernels.
+constexpr size_t kRowBlock = 64;
+
+// Work items (b, h, row block), most expensive first: under a causal mask
+// the last rows see the most keys, so blocks are handed out from the bottom.
+struct RowBlocks {
+  const AttnDims& a;
+  size_t block;
+  size_t per_head() const { return (a.seq_q + block - 1) / block; }
+  size_t count() const { return a.batch * a.heads * per_head(); }
+  template <class F>
+  void Run(size_t item, const F& f) const {
+    const size_t n = per_head();
+    const size_t blk = n - 1 - item % n;
+    const size_t bh = item / n;
+    const size_t i0 = blk * block;
+    const size_t i1 = i0 + block < a.seq_q ? i0 + block : a.seq_q;
+    f(bh / a.heads, bh % a.heads, i0, i1);
+  }
+};
+
+}  // namespace
+
+headsum_status QkScores(const AttnDims& a, const float* q, const float* k, float* scores) {
+  const size_t t = TableIndex(ActiveTarget());
+  const auto kernel = HWY_DISPATCH_TABLE(QDotKRows)[t];
+  const RowBlocks blocks{a, kRowBlock};
+  return ParallelItems(blocks.count(), HWY_DISPATCH_TABLE(QkScoresScratch)[t](a),
+                       [&](size_t item, float* scratch) {
+                         blocks.Run(item, [&](size_t b, size_t h, size_t i0, size_t i1) {
+                           kernel(a, q, k, scores, b, h, i0, i1, scratch);
+                         });
+                       });
+}
+
+headsum_status SoftmaxV(const AttnDims& a, const float* scores, const float* v, float* out) {
+  const size_t t = TableIndex(ActiveTarget());
+  const auto kernel = HWY_DISPATCH_TABLE(SoftmaxWeightedSumVRows)[t];
+  const RowBlocks blocks{a, kRowBlock};
+  return ParallelItems(blocks.count(), HWY_DISPATCH_TABLE(SoftmaxVScratch)[t](a),
+                       [&](size_t item, float* scratch) {
+                         blocks.Run(item, [&](size_t b, size_t h, size_t i0, size_t i1) {
+                           kernel(a, scores, v, out, b, h, i0, i1, scratch);
+                         });
+                       });
+}
+
+headsum_status Attention(const AttnDims& a, const float* q, const float* k, const float* v,
+                         float* out) {
+  const size_t t = TableIndex(ActiveTarget());
+  const auto kernel = HWY_DISPATCH_TABLE(FlashAttentionRows)[t];
+  const RowBlocks blocks{a, kAttentionQueryBlock};
+  return ParallelItems(blocks.count(), HWY_DISPATCH_TABLE(AttentionScratch)[t](a),
+                       [&](size_t item, float* scratch) {
+                         blocks.Run(item, [&](size_t b, size_t h, size_t i0, size_t i1) {
+                           kernel(a, q, k, v, out, b, h, i0, i1, scratch);
+                         });
+                       });
+}
+
+}  // namespace dispatch
+}  // namespace headsum
+#endif  // HWY_ONCE

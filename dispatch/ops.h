@@ -1,0 +1,32 @@
+// The operations behind the public API, on validated dimensions: each picks
+// the active target once, splits the work into items across threads and runs
+// the target's kernel on each item.
+#ifndef HEADSUM_DISPATCH_OPS_H_
+#define HEADSUM_DISPATCH_OPS_H_
+
+#include <stddef.h>
+
+#include "headsum/headsum.h"
+#include "kernels/shapes.h"
+
+namespace headsum {
+namespace dispatch {
+
+headsum_status QkScores(const AttnDims& a, const float* q, const float* k, float* scores);
+headsum_status SoftmaxV(const AttnDims& a, const float* scores, const float* v, float* out);
+headsum_status Attention(const AttnDims& a, const float* q, const float* k, const float* v,
+                         float* out);
+
+// y and per_head may each be null (not both); bias, head_gates may be null.
+headsum_status ProjectHeadsSum(const ProjDims& p, const float* heads, const float* wo,
+                               const float* bias, const float* head_gates, float* y,
+                               float* per_head);
+headsum_status HeadAttribution(const ProjDims& p, const float* heads, const float* wo,
+                               const float* directions, size_t n_directions, float* out);
+headsum_status HeadContributionNorms(const ProjDims& p, const float* heads, const float* wo,
+                                     float* out);
+
+}  // namespace dispatch
+}  // namespace headsum
+
+#endif  // HEADSUM_DISPATCH_OPS_H_

@@ -1,0 +1,90 @@
+// Exports the projection kernels (project_heads_sum and the per-head views)
+// for every compiled target and splits their work across threads.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "dispatch/projection.cc"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+
+#include "hwy/highway.h"
+#include "kernels/project_heads_sum-inl.h"
+
+#if HWY_ONCE
+#include "dispatch/ops.h"
+#include "dispatch/targets.h"
+#include "dispatch/threads.h"
+#include "hwy/aligned_allocator.h"
+
+namespace headsum {
+HWY_EXPORT(SumHeadsTile);
+HWY_EXPORT(ContributionNormsRows);
+HWY_EXPORT(NormsScratch);
+HWY_EXPORT(ProjectWeightsOntoDirections);
+HWY_EXPORT(AttributionRows);
+
+namespace dispatch {
+namespace {
+
+// Rows of Y per work item (a multiple of the 6-row microkernel tile).
+constexpr size_t kRowBlock = 48;
+// Columns of Y per work item, so that small S still splits across threads
+// (a multiple of every target's 2-vector tile).
+constexpr size_t kColBlock = 128;
+
+size_t CeilDiv(size_t a, size_t b) { return (a + b - 1) / b; }
+
+}  // namespace
+
+headsum_status ProjectHeadsSum(const ProjDims& p, const float* heads, const float* wo,
+                               const float* bias, const float* head_gates, float* y,
+                               float* per_head) {
+  const auto kernel = HWY_DISPATCH_TABLE(SumHeadsTile)[TableIndex(ActiveTarget())];
+  const ProjectArgs args{heads, wo, bias, head_gates, y, per_head};
+  const size_t row_blocks = CeilDiv(p.seq, kRowBlock);
+  const size_t col_blocks = CeilDiv(p.model_dim, kColBlock);
+  return ParallelItems(p.batch * row_blocks * col_blocks, 0, [&](size_t item, float*) {
+    const size_t cb = item % col_blocks, rb = item / col_blocks % row_blocks;
+    const size_t b = item / col_blocks / row_blocks;
+    const size_t s0 = rb * kRowBlock, c0 = cb * kColBlock;
+    kernel(p, args, b, s0, HWY_MIN(s0 + kRowBlock, p.seq), c0,
+           HWY_MIN(c0 + kColBlock, p.model_dim));
+  });
+}
+
+headsum_status HeadContributionNorms(const ProjDims& p, const float* heads, const float* wo,
+                                     float* out) {
+  const size_t t = TableIndex(ActiveTarget());
+  const auto kernel = HWY_DISPATCH_TABLE(ContributionNormsRows)[t];
+  const size_t row_blocks = CeilDiv(p.seq, kRowBlock);
+  return ParallelItems(p.batch * row_blocks, HWY_DISPATCH_TABLE(NormsScratch)[t](p),
+                       [&](size_t item, float* scratch) {
+                         const size_t b = item / row_blocks, s0 = item % row_blocks * kRowBlock;
+                         kernel(p, heads, wo, out, b, s0, HWY_MIN(s0 + kRowBlock, p.seq),
+                                scratch);
+                       });
+}
+
+headsum_status HeadAttribution(const ProjDims& p, const float* heads, const float* wo,
+                               const float* directions, size_t n_directions, float* out) {
+  const size_t t = TableIndex(ActiveTarget());
+  const size_t R = n_directions, HL = p.inner();
+  // wd = Wo directions^T [H*L][R], once per call; then O(L R) per (s, h).
+  hwy::AlignedFreeUniquePtr<float[]> wd = hwy::AllocateAligned<float>(HL * R);
+  if (!wd) return HEADSUM_ERR_OUT_OF_MEMORY;
+  const auto project = HWY_DISPATCH_TABLE(ProjectWeightsOntoDirections)[t];
+  constexpr size_t kWeightRows = 64;
+  if (headsum_status s = ParallelItems(CeilDiv(HL, kWeightRows), 0, [&](size_t item, float*) {
+        const size_t k0 = item * kWeightRows;
+        project(p, wo, directions, R, wd.get(), k0, HWY_MIN(k0 + kWeightRows, HL));
+      })) {
+    return s;
+  }
+  const auto kernel = HWY_DISPATCH_TABLE(AttributionRows)[t];
+  const size_t row_blocks = CeilDiv(p.seq, kRowBlock);
+  return ParallelItems(p.batch * row_blocks, 0, [&](size_t item, float*) {
+    const size_t b = item / row_blocks, s0 = item % row_blocks * kRowBlock;
+    kernel(p, heads, wd.get(), R, out, b, s0, HWY_MIN(s0 + kRowBlock, p.seq));
+  });
+}
+
+}  // namespace dispatch
+}  // namespace headsum
+#endif  // HWY_ONCE

@@ -1,0 +1,31 @@
+// Target selection: which Highway targets this build compiled, which one the
+// kernels run on now, and where each lives in an HWY_EXPORT table.  The only
+// place that knows which targets exist.
+#ifndef HEADSUM_DISPATCH_TARGETS_H_
+#define HEADSUM_DISPATCH_TARGETS_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <vector>
+
+namespace headsum {
+namespace dispatch {
+
+// Highway target bits this build compiled, best first.
+std::vector<int64_t> CompiledTargets();
+// The target the kernels run on now: on first use the best one the CPU
+// runs, or HEADSUM_TARGET from the environment when it names one.
+int64_t ActiveTarget();
+// Makes `target` the active one; false when not compiled or not runnable.
+bool SetActiveTarget(int64_t target);
+// 0 when `name` is no compiled target.
+int64_t TargetFromName(const char* name);
+bool CpuRuns(int64_t target);
+// Index of `target`'s entry in a table made by HWY_EXPORT.
+size_t TableIndex(int64_t target);
+
+}  // namespace dispatch
+}  // namespace headsum
+
+#endif  // HEADSUM_DISPATCH_TARGETS_H_

@@ -1,0 +1,40 @@
+// Argument checks for every public call: each failure returns a status and
+// leaves a thread-local message naming the argument and its value.
+#ifndef HEADSUM_DISPATCH_VALIDATE_H_
+#define HEADSUM_DISPATCH_VALIDATE_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "headsum/headsum.h"
+#include "kernels/shapes.h"
+
+namespace headsum {
+namespace dispatch {
+
+// The largest tensor a call accepts, in elements: its byte size must fit a
+// signed pointer difference, so every index computed inside stays exact.
+constexpr uint64_t kMaxElements = static_cast<uint64_t>(PTRDIFF_MAX) / sizeof(float);
+
+// Records "fn: message" as this thread's last error and returns `status`.
+headsum_status Fail(headsum_status status, const char* fn, const char* format, ...)
+    __attribute__((format(printf, 3, 4)));
+void ClearError();
+const char* LastError();
+
+// Each returns HEADSUM_OK or fails with the offending argument named.
+headsum_status CheckPointer(const char* fn, const char* name, const void* p);
+// Fills `dims` from `shape` (kv_heads 0 -> heads, scale 0 -> 1/sqrt(L)).
+headsum_status CheckAttnShape(const char* fn, const headsum_attn_shape* shape,
+                              AttnDims* dims);
+headsum_status CheckProjShape(const char* fn, const headsum_proj_shape* shape,
+                              ProjDims* dims);
+// a * b * c * d as an element count of tensor `name`, or a failure if it
+// overflows or passes kMaxElements.
+headsum_status CheckElements(const char* fn, const char* name, uint64_t* count, int64_t a,
+                             int64_t b, int64_t c = 1, int64_t d = 1);
+
+}  // namespace dispatch
+}  // namespace headsum
+
+#endif  // HEADSUM_DISPATCH_VALIDATE_H_

@@ -1,0 +1,124 @@
+/* headsum: SIMD kernels for multi-head attention on CPUs.
+ *
+ * Multi-head attention read as an addition machine:
+ *   Y = concat(O_1..O_H) @ Wo + b  ==  sum_h O_h @ Wo[h] + b,
+ * where Wo[h] is rows h*L .. h*L+L-1 of Wo.  Every kernel is compiled for
+ * every Highway target and chosen at run time by CPU feature.
+ *
+ * Layouts (row-major, contiguous, f32):
+ *   Q      [B][H][Sq][L]        K, V  [B][Hkv][Skv][L]   (Hkv divides H)
+ *   S      [B][H][Sq][Skv]      O     [B][H][Sq][L]
+ *   Wo     [H*L][D]             Y     [B][S][D]
+ * Causal masking is bottom-right aligned: query i sees key j when
+ * j <= i + (Skv - Sq).  scale = 0 means 1/sqrt(L).
+ *
+ * Every call checks its arguments first; on failure it returns a status,
+ * headsum_last_error() (thread-local) names the argument and its value, and
+ * no output is written. */
+#ifndef HEADSUM_HEADSUM_H_
+#define HEADSUM_HEADSUM_H_
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum {
+  HEADSUM_OK = 0,
+  HEADSUM_ERR_INVALID_ARGUMENT = 1, /* null pointer, dim < 1, H % Hkv != 0, overflow... */
+  HEADSUM_ERR_UNSUPPORTED = 2,      /* valid, but this build or CPU cannot serve it */
+  HEADSUM_ERR_OUT_OF_MEMORY = 3,
+  HEADSUM_ERR_INTERNAL = 4
+} headsum_status;
+
+typedef struct {
+  int64_t batch, heads, kv_heads; /* kv_heads 0 means = heads */
+  int64_t seq_q, seq_kv, head_dim;
+  float scale;                    /* 0 means 1/sqrt(head_dim) */
+  int causal;
+} headsum_attn_shape;
+
+typedef struct {
+  int64_t batch, seq, heads, head_dim, model_dim;
+} headsum_proj_shape;
+
+/* Library version, "MAJOR.MINOR.PATCH". */
+const char* headsum_version(void);
+/* This thread's last failure, human-readable; "" if none. */
+const char* headsum_last_error(void);
+/* Highway name of the target the kernels run on now: "AVX3_DL", "AVX3",
+ * "AVX2", "SSE4", "SSSE3", "NEON", "SVE", "SVE2", "SVE_256", "SVE2_128",
+ * "SCALAR", "EMU128". */
+const char* headsum_active_target(void);
+/* Writes up to `capacity` names of the targets this build compiled (best
+ * first) into `names` (may be NULL when capacity is 0); returns their count. */
+int headsum_compiled_targets(const char** names, int capacity);
+/* Restricts dispatch to `name`; NULL restores the best target the CPU runs.
+ * An unknown name, one this build did not compile or one this CPU cannot
+ * run gives HEADSUM_ERR_UNSUPPORTED and leaves the target unchanged. The
+ * setting is process-wide; calls already running finish on the target they
+ * started with. */
+headsum_status headsum_set_target(const char* name);
+/* Threads used by each call; 0 restores the default (OpenMP's). Process-wide.
+ * Without OpenMP every call runs on the calling thread. */
+headsum_status headsum_set_num_threads(int n);
+
+/* S = scale * Q K^T, masked entries -inf.  scores [B][H][Sq][Skv]. */
+headsum_status headsum_qk_scores(const headsum_attn_shape* shape, const float* q,
+                                 const float* k, float* scores);
+/* O = softmax(S) V along Skv; entries masked by shape->causal are excluded
+ * whatever S holds; a row with every entry masked (-inf) gives zeros. */
+headsum_status headsum_softmax_v(const headsum_attn_shape* shape, const float* scores,
+                                 const float* v, float* out);
+/* O = softmax(scale Q K^T + mask) V, flash-style: S is never materialized. */
+headsum_status headsum_attention(const headsum_attn_shape* shape, const float* q,
+                                 const float* k, const float* v, float* out);
+/* Y[b][s][:] = sum_h O[b][h][s][:] Wo[h] + bias, reading O head-major with no
+ * concatenated copy.  bias [D] or NULL. */
+headsum_status headsum_project_heads_sum(const headsum_proj_shape* shape,
+                                         const float* heads, const float* wo,
+                                         const float* bias, float* y);
+/* The reference: concatenate O to [B][S][H*L], then one oneDNN matmul with
+ * Wo (+ bias).  HEADSUM_ERR_UNSUPPORTED when built without oneDNN. */
+headsum_status headsum_concat_project_onednn(const headsum_proj_shape* shape,
+                                             const float* heads, const float* wo,
+                                             const float* bias, float* y);
+
+/* oneDNN-composed twins of the attention kernels, for tests and benchmarks:
+ * batched matmul (with the scale), softmax primitive, batched matmul; causal
+ * through a full-size additive mask.  Same shapes and semantics as the
+ * headsum kernels; HEADSUM_ERR_UNSUPPORTED when built without oneDNN. */
+headsum_status headsum_qk_scores_onednn(const headsum_attn_shape* shape, const float* q,
+                                        const float* k, float* scores);
+headsum_status headsum_softmax_v_onednn(const headsum_attn_shape* shape,
+                                        const float* scores, const float* v, float* out);
+headsum_status headsum_attention_onednn(const headsum_attn_shape* shape, const float* q,
+                                        const float* k, const float* v, float* out);
+
+/* Per-head contributions (the additive view's payoff).
+ * y = sum_h g_h * O_h Wo[h] + bias; per_head[b][s][h][:] = O_h Wo[h]
+ * (ungated, no bias). head_gates [H] or NULL (all 1); y [B][S][D] or NULL;
+ * per_head [B][S][H][D] or NULL; at least one of y, per_head. A head whose
+ * gate is 0 costs nothing when per_head is NULL. */
+headsum_status headsum_project_heads_sum_ex(const headsum_proj_shape* shape,
+                                            const float* heads, const float* wo,
+                                            const float* bias, const float* head_gates,
+                                            float* y, float* per_head);
+/* out[b][s][h][r] = (O_h Wo[h]) . directions[r][:], computed as
+ * O_h . (Wo[h] directions[r]) without materializing contributions.
+ * directions [R][D], R >= 1; out [B][S][H][R]. */
+headsum_status headsum_head_attribution(const headsum_proj_shape* shape,
+                                        const float* heads, const float* wo,
+                                        const float* directions, int64_t n_directions,
+                                        float* out);
+/* out[b][s][h] = || O_h Wo[h] ||_2, without writing [B][S][H][D] to memory. */
+headsum_status headsum_head_contribution_norms(const headsum_proj_shape* shape,
+                                               const float* heads, const float* wo,
+                                               float* out);
+
+#ifdef __cplusplus
+}  /* extern "C" */
+#endif
+
+#endif /* HEADSUM_HEADSUM_H_ */

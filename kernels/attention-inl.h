@@ -1,0 +1,136 @@
+// attention: O_h = softmax(scale Q_h K_g^T + mask) V_g without materializing
+// the scores: flash-style online softmax over tiles of keys.  Per query row
+// the running max m, running denominator l and unnormalized output acc obey,
+// for each key tile T:
+//   m' = max(m, max_{j in T} s_j)
+//   acc = acc * exp(m - m') + sum_{j in T} exp(s_j - m') V_j
+//   l   = l   * exp(m - m') + sum_{j in T} exp(s_j - m')
+// and O = acc / l at the end (zeros when the row sees no key).
+
+#if defined(HEADSUM_KERNELS_ATTENTION_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef HEADSUM_KERNELS_ATTENTION_INL_H_
+#undef HEADSUM_KERNELS_ATTENTION_INL_H_
+#else
+#define HEADSUM_KERNELS_ATTENTION_INL_H_
+#endif
+
+#include <stddef.h>
+
+#include <cmath>
+#include <limits>
+
+#include "kernels/matmul-inl.h"
+#include "kernels/shapes.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace headsum {
+namespace HWY_NAMESPACE {
+
+// Keys per tile: K^T tile L x 128 (32 KiB at L = 64) and the score tile of
+// the query rows stay in L1/L2 while both products run over them.
+constexpr size_t kKeyTile = 128;
+constexpr size_t kQueryBlock = kAttentionQueryBlock;
+
+struct FlashScratch {
+  float* k_t;     // [L][kKeyTile]
+  float* s;       // [kQueryBlock][kKeyTile] scores, then probabilities
+  float* acc;     // [kQueryBlock][L]
+  float* m;       // [kQueryBlock] running max
+  float* l;       // [kQueryBlock] running denominator
+};
+
+inline size_t AttentionScratch(const AttnDims& a) {
+  return a.head_dim * kKeyTile + kQueryBlock * kKeyTile + kQueryBlock * a.head_dim +
+         2 * kQueryBlock;
+}
+
+inline FlashScratch CarveFlashScratch(const AttnDims& a, float* scratch) {
+  FlashScratch f;
+  f.k_t = scratch;
+  f.s = f.k_t + a.head_dim * kKeyTile;
+  f.acc = f.s + kQueryBlock * kKeyTile;
+  f.m = f.acc + kQueryBlock * a.head_dim;
+  f.l = f.m + kQueryBlock;
+  return f;
+}
+
+// Query rows [i0, i1) of head (b, h), i1 - i0 <= kQueryBlock.
+inline void FlashAttentionRows(const AttnDims& a, const float* HWY_RESTRICT q,
+                               const float* HWY_RESTRICT k, const float* HWY_RESTRICT v,
+                               float* HWY_RESTRICT out, size_t b, size_t h, size_t i0,
+                               size_t i1, float* HWY_RESTRICT scratch) {
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  const size_t L = a.head_dim, Skv = a.seq_kv, rows = i1 - i0;
+  const size_t g = h / a.group();
+  const float* HWY_RESTRICT q_blk = q + ((b * a.heads + h) * a.seq_q + i0) * L;
+  const float* HWY_RESTRICT k_g = k + ((b * a.kv_heads + g) * Skv) * L;
+  const float* HWY_RESTRICT v_g = v + ((b * a.kv_heads + g) * Skv) * L;
+  float* HWY_RESTRICT o_blk = out + ((b * a.heads + h) * a.seq_q + i0) * L;
+  const FlashScratch f = CarveFlashScratch(a, scratch);
+  const float scale = a.scale;
+
+  Fill(f.acc, rows * L, 0.0f);
+  Fill(f.m, rows, kNegInf);
+  Fill(f.l, rows, 0.0f);
+
+  const size_t keys_needed = a.visible_keys(i1 - 1);
+  for (size_t j0 = 0; j0 < keys_needed; j0 += kKeyTile) {
+    const size_t nj = keys_needed - j0 < kKeyTile ? keys_needed - j0 : kKeyTile;
+    Transpose(k_g + j0 * L, nj, L, L, f.k_t, kKeyTile);
+
+    // s[i][j] = scale * Q[i] . K[j0 + j], in 6-row tiles up to what they see.
+    size_t first_row = rows;  // first row of the block that sees this tile
+    for (size_t r0 = 0; r0 < rows; r0 += kTileRows) {
+      const size_t tile_rows = rows - r0 < kTileRows ? rows - r0 : kTileRows;
+      const size_t visible = a.visible_keys(i0 + r0 + tile_rows - 1);
+      if (visible <= j0) continue;
+      if (first_row == rows) first_row = r0;
+      const size_t cols = visible - j0 < nj ? visible - j0 : nj;
+      MatMul(tile_rows, cols, L, q_blk + r0 * L, L, f.k_t, kKeyTile,
+             [&](auto d, size_t r, size_t c, auto acc) {
+               hn::StoreU(hn::Mul(acc, hn::Set(d, scale)), d, f.s + (r0 + r) * kKeyTile + c);
+             });
+    }
+    if (first_row == rows) continue;
+
+    // Online softmax update of each row, then acc += P V[j0 .. j0 + nj).
+    for (size_t r = first_row; r < rows; ++r) {
+      const size_t visible = a.visible_keys(i0 + r);
+      const size_t seen = visible <= j0 ? 0 : (visible - j0 < nj ? visible - j0 : nj);
+      float* HWY_RESTRICT p = f.s + r * kKeyTile;
+      const float m_new = HWY_MAX(f.m[r], RowMax(p, seen));
+      if (m_new == kNegInf) {  // nothing finite seen yet: acc and l stay 0
+        Fill(p, nj, 0.0f);
+        continue;
+      }
+      const float correction = f.m[r] == kNegInf ? 0.0f : std::exp(f.m[r] - m_new);
+      const float tile_sum = ExpShiftedRow(p, seen, m_new, p);
+      Fill(p + seen, nj - seen, 0.0f);
+      f.l[r] = f.l[r] * correction + tile_sum;
+      f.m[r] = m_new;
+      if (correction != 1.0f) ScaleRow(f.acc + r * L, L, correction);
+    }
+    const size_t pv_rows = rows - first_row;
+    MatMul(pv_rows, L, nj, f.s + first_row * kKeyTile, kKeyTile, v_g + j0 * L, L,
+           [&](auto d, size_t r, size_t c, auto acc) {
+             float* HWY_RESTRICT dst = f.acc + (first_row + r) * L + c;
+             hn::StoreU(hn::Add(hn::LoadU(d, dst), acc), d, dst);
+           });
+  }
+
+  // O = acc / l; rows that saw no key give zeros.
+  for (size_t r = 0; r < rows; ++r) {
+    const float inv = f.l[r] > 0.0f ? 1.0f / f.l[r] : 0.0f;
+    const float* HWY_RESTRICT acc_r = f.acc + r * L;
+    float* HWY_RESTRICT o_r = o_blk + r * L;
+    ForEachVector(L, [&](auto d, size_t c) {
+      hn::StoreU(hn::Mul(hn::LoadU(d, acc_r + c), hn::Set(d, inv)), d, o_r + c);
+    });
+  }
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace headsum
+HWY_AFTER_NAMESPACE();
+
+#endif  // HEADSUM_KERNELS_ATTENTION_INL_H_

@@ -1,0 +1,235 @@
+// Register-blocked matrix multiply, the core that every headsum kernel is
+// built on:  C[r][c] = sum_k A[r][k] B[k][c]  for a small block of C, handed
+// to an epilogue that decides what C is (scores, attention output, a head's
+// contribution to Y...).  Compiled once per Highway target.
+
+#if defined(HEADSUM_KERNELS_MATMUL_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef HEADSUM_KERNELS_MATMUL_INL_H_
+#undef HEADSUM_KERNELS_MATMUL_INL_H_
+#else
+#define HEADSUM_KERNELS_MATMUL_INL_H_
+#endif
+
+#include <stddef.h>
+
+#include <limits>
+
+#include "hwy/highway.h"
+#include "hwy/contrib/math/math-inl.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace headsum {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// Rows of C held in registers at once.  6 rows x 2 vectors = 12 independent
+// accumulators: 2 FMA ports x 4 cycles latency need at least 8 in flight, and
+// each k step costs 2 vector loads of B plus 6 broadcasts of A for 12 FMAs.
+constexpr size_t kTileRows = 6;
+constexpr size_t kTileVecs = 2;
+
+// The C block of kRows x kVecs vectors at B's column `col`:
+//   acc[r][v] = sum_{k < K} A[r*lda + k] * B[k*ldb + col + v*N]
+// then epilogue(d, r, col + v*N, acc[r][v]) for each of them.  Caller
+// guarantees that B holds kVecs full vectors (of `d`) from `col` on.
+template <size_t kRows, size_t kVecs, class D, class Epilogue>
+HWY_INLINE void MicroTile(D d, size_t K, const float* HWY_RESTRICT a, size_t lda,
+                          const float* HWY_RESTRICT b, size_t ldb, size_t col,
+                          const Epilogue& epilogue) {
+  static_assert(1 <= kRows && kRows <= kTileRows, "rows");
+  static_assert(1 <= kVecs && kVecs <= kTileVecs, "vectors");
+  using V = hn::Vec<D>;
+  const size_t N = hn::Lanes(d);
+  V c00 = hn::Zero(d), c01 = hn::Zero(d), c10 = hn::Zero(d), c11 = hn::Zero(d);
+  V c20 = hn::Zero(d), c21 = hn::Zero(d), c30 = hn::Zero(d), c31 = hn::Zero(d);
+  V c40 = hn::Zero(d), c41 = hn::Zero(d), c50 = hn::Zero(d), c51 = hn::Zero(d);
+  const float* HWY_RESTRICT bk = b + col;
+  for (size_t k = 0; k < K; ++k, bk += ldb) {
+    const V b0 = hn::LoadU(d, bk);
+    const V b1 = kVecs > 1 ? hn::LoadU(d, bk + N) : b0;
+#define HEADSUM_ROW_FMA(r)                                  \
+  if constexpr (kRows > r) {                                \
+    const V ar = hn::Set(d, a[r * lda + k]);                \
+    c##r##0 = hn::MulAdd(ar, b0, c##r##0);                  \
+    if constexpr (kVecs > 1) c##r##1 = hn::MulAdd(ar, b1, c##r##1); \
+  }
+    HEADSUM_ROW_FMA(0)
+    HEADSUM_ROW_FMA(1)
+    HEADSUM_ROW_FMA(2)
+    HEADSUM_ROW_FMA(3)
+    HEADSUM_ROW_FMA(4)
+    HEADSUM_ROW_FMA(5)
+#undef HEADSUM_ROW_FMA
+  }
+#define HEADSUM_ROW_OUT(r)                                          \
+  if constexpr (kRows > r) {                                        \
+    epilogue(d, r, col, c##r##0);                                   \
+    if constexpr (kVecs > 1) epilogue(d, r, col + N, c##r##1);      \
+  }
+  HEADSUM_ROW_OUT(0)
+  HEADSUM_ROW_OUT(1)
+  HEADSUM_ROW_OUT(2)
+  HEADSUM_ROW_OUT(3)
+  HEADSUM_ROW_OUT(4)
+  HEADSUM_ROW_OUT(5)
+#undef HEADSUM_ROW_OUT
+}
+
+// kRows rows of C, columns [0, cols): full tiles of 2 vectors, then one
+// vector, then single lanes (Highway 1.0.3 has no LoadN, and MaskedLoad is a
+// full load on SSE4, so the tail never touches memory past column cols-1).
+template <size_t kRows, class Epilogue>
+HWY_INLINE void MatMulRows(size_t cols, size_t K, const float* HWY_RESTRICT a,
+                           size_t lda, const float* HWY_RESTRICT b, size_t ldb,
+                           const Epilogue& epilogue) {
+  const hn::ScalableTag<float> d;
+  const size_t N = hn::Lanes(d);
+  size_t col = 0;
+  for (; col + kTileVecs * N <= cols; col += kTileVecs * N) {
+    MicroTile<kRows, kTileVecs>(d, K, a, lda, b, ldb, col, epilogue);
+  }
+  for (; col + N <= cols; col += N) {
+    MicroTile<kRows, 1>(d, K, a, lda, b, ldb, col, epilogue);
+  }
+  const hn::CappedTag<float, 1> d1;
+  for (; col < cols; ++col) {
+    MicroTile<kRows, 1>(d1, K, a, lda, b, ldb, col, epilogue);
+  }
+}
+
+// C = A B for A [rows][K] (row stride lda), B [K][cols] (row stride ldb);
+// epilogue(d, row, col, acc) receives each vector (or single lane) of C.
+// Every element of C is one FMA chain over k in order 0..K-1, whatever tile
+// computed it: results do not depend on how callers split rows or columns.
+template <class Epilogue>
+HWY_INLINE void MatMul(size_t rows, size_t cols, size_t K, const float* HWY_RESTRICT a,
+                       size_t lda, const float* HWY_RESTRICT b, size_t ldb,
+                       const Epilogue& epilogue) {
+  size_t r0 = 0;
+  for (; r0 + kTileRows <= rows; r0 += kTileRows) {
+    const auto shifted = [&](auto d, size_t r, size_t c, auto acc) {
+      epilogue(d, r0 + r, c, acc);
+    };
+    MatMulRows<kTileRows>(cols, K, a + r0 * lda, lda, b, ldb, shifted);
+  }
+  const auto shifted = [&](auto d, size_t r, size_t c, auto acc) {
+    epilogue(d, r0 + r, c, acc);
+  };
+  const float* HWY_RESTRICT a_rest = a + r0 * lda;
+  switch (rows - r0) {
+    case 1: MatMulRows<1>(cols, K, a_rest, lda, b, ldb, shifted); break;
+    case 2: MatMulRows<2>(cols, K, a_rest, lda, b, ldb, shifted); break;
+    case 3: MatMulRows<3>(cols, K, a_rest, lda, b, ldb, shifted); break;
+    case 4: MatMulRows<4>(cols, K, a_rest, lda, b, ldb, shifted); break;
+    case 5: MatMulRows<5>(cols, K, a_rest, lda, b, ldb, shifted); break;
+    default: break;
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Row helpers.  All handle any length: full vectors, then single lanes.
+
+// Calls f(d, i) for i = 0, N, 2N... with full vectors, then single lanes.
+template <class F>
+HWY_INLINE void ForEachVector(size_t n, const F& f) {
+  const hn::ScalableTag<float> d;
+  const size_t N = hn::Lanes(d);
+  size_t i = 0;
+  for (; i + N <= n; i += N) f(d, i);
+  const hn::CappedTag<float, 1> d1;
+  for (; i < n; ++i) f(d1, i);
+}
+
+HWY_INLINE void Fill(float* HWY_RESTRICT x, size_t n, float value) {
+  ForEachVector(n, [&](auto d, size_t i) { hn::StoreU(hn::Set(d, value), d, x + i); });
+}
+
+HWY_INLINE void ScaleRow(float* HWY_RESTRICT x, size_t n, float factor) {
+  ForEachVector(n, [&](auto d, size_t i) {
+    hn::StoreU(hn::Mul(hn::LoadU(d, x + i), hn::Set(d, factor)), d, x + i);
+  });
+}
+
+// max_i x[i]; -inf for n = 0.
+HWY_INLINE float RowMax(const float* HWY_RESTRICT x, size_t n) {
+  const hn::ScalableTag<float> d;
+  const size_t N = hn::Lanes(d);
+  auto m = hn::Set(d, -std::numeric_limits<float>::infinity());
+  size_t i = 0;
+  for (; i + N <= n; i += N) m = hn::Max(m, hn::LoadU(d, x + i));
+  float best = hn::GetLane(hn::MaxOfLanes(d, m));
+  for (; i < n; ++i) best = x[i] > best ? x[i] : best;
+  return best;
+}
+
+// p[i] = exp(x[i] - shift) for i < n; returns sum_i p[i] in a fixed order.
+// hn::Exp is accurate to 1 ulp over float's range and gives 0 below -104.
+HWY_INLINE float ExpShiftedRow(const float* HWY_RESTRICT x, size_t n, float shift,
+                               float* HWY_RESTRICT p) {
+  const hn::ScalableTag<float> d;
+  const size_t N = hn::Lanes(d);
+  const auto vshift = hn::Set(d, shift);
+  auto sum = hn::Zero(d);
+  size_t i = 0;
+  for (; i + N <= n; i += N) {
+    const auto e = hn::Exp(d, hn::Sub(hn::LoadU(d, x + i), vshift));
+    hn::StoreU(e, d, p + i);
+    sum = hn::Add(sum, e);
+  }
+  float total = hn::GetLane(hn::SumOfLanes(d, sum));
+  const hn::CappedTag<float, 1> d1;
+  for (; i < n; ++i) {
+    const auto e = hn::Exp(d1, hn::Sub(hn::LoadU(d1, x + i), hn::Set(d1, shift)));
+    hn::StoreU(e, d1, p + i);
+    total += hn::GetLane(e);
+  }
+  return total;
+}
+
+// sum_i x[i]^2 in a fixed order.
+HWY_INLINE float SumOfSquares(const float* HWY_RESTRICT x, size_t n) {
+  const hn::ScalableTag<float> d;
+  const size_t N = hn::Lanes(d);
+  auto sum = hn::Zero(d);
+  size_t i = 0;
+  for (; i + N <= n; i += N) {
+    const auto v = hn::LoadU(d, x + i);
+    sum = hn::MulAdd(v, v, sum);
+  }
+  float total = hn::GetLane(hn::SumOfLanes(d, sum));
+  for (; i < n; ++i) total += x[i] * x[i];
+  return total;
+}
+
+// sum_i x[i] y[i] in a fixed order.
+HWY_INLINE float Dot(const float* HWY_RESTRICT x, const float* HWY_RESTRICT y, size_t n) {
+  const hn::ScalableTag<float> d;
+  const size_t N = hn::Lanes(d);
+  auto sum0 = hn::Zero(d), sum1 = hn::Zero(d);
+  size_t i = 0;
+  for (; i + 2 * N <= n; i += 2 * N) {
+    sum0 = hn::MulAdd(hn::LoadU(d, x + i), hn::LoadU(d, y + i), sum0);
+    sum1 = hn::MulAdd(hn::LoadU(d, x + i + N), hn::LoadU(d, y + i + N), sum1);
+  }
+  for (; i + N <= n; i += N) {
+    sum0 = hn::MulAdd(hn::LoadU(d, x + i), hn::LoadU(d, y + i), sum0);
+  }
+  float total = hn::GetLane(hn::SumOfLanes(d, hn::Add(sum0, sum1)));
+  for (; i < n; ++i) total += x[i] * y[i];
+  return total;
+}
+
+// dst[j][i] = src[i][j]: rows x cols of src (row stride lds) into dst (row
+// stride ldd).  Used to pack K^T so that scores come out along vectors.
+HWY_INLINE void Transpose(const float* HWY_RESTRICT src, size_t rows, size_t cols,
+                          size_t lds, float* HWY_RESTRICT dst, size_t ldd) {
+  for (size_t i = 0; i < rows; ++i) {
+    for (size_t j = 0; j < cols; ++j) dst[j * ldd + i] = src[i * lds + j];
+  }
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace headsum
+HWY_AFTER_NAMESPACE();
+
+#endif  // HEADSUM_KERNELS_MATMUL_INL_H_

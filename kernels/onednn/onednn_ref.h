@@ -1,0 +1,37 @@
+// The oneDNN reference paths: concat-then-GEMM projection and a composed
+// attention (batched matmul with the scale, softmax, batched matmul; causal
+// through a full-size additive mask).  Arguments arrive validated.
+#ifndef HEADSUM_KERNELS_ONEDNN_ONEDNN_REF_H_
+#define HEADSUM_KERNELS_ONEDNN_ONEDNN_REF_H_
+
+#include <string>
+
+#include "headsum/headsum.h"
+#include "kernels/shapes.h"
+
+namespace headsum {
+namespace onednn {
+
+// y[B][S][D] = concat_h(O_h)[B][S][H*L] @ wo[H*L][D] (+ bias[D]).
+headsum_status ConcatProject(const ProjDims& p, const float* heads, const float* wo,
+                             const float* bias, float* y, int num_threads);
+// scores[B][H][Sq][Skv] = scale * Q K^T, -inf where causally masked.
+headsum_status QkScores(const AttnDims& a, const float* q, const float* k, float* scores,
+                        int num_threads);
+// out[B][H][Sq][L] = softmax(scores (+ causal mask)) V.
+headsum_status SoftmaxV(const AttnDims& a, const float* scores, const float* v, float* out,
+                        int num_threads);
+// out = softmax(scale Q K^T + mask) V, composed from oneDNN primitives.
+headsum_status Attention(const AttnDims& a, const float* q, const float* k, const float* v,
+                         float* out, int num_threads);
+
+// Which oneDNN implementation serves each step at this shape and thread
+// count (impl_info_str, e.g. "brg:avx512_core"; "ref:any" would mean oneDNN's
+// slow fallback): "qk_matmul=... softmax=... pv_matmul=... project_matmul=...".
+// For benchmark context; creates (and caches) the primitives; never throws.
+std::string DescribeImpls(const AttnDims& a, const ProjDims& p, int num_threads);
+
+}  // namespace onednn
+}  // namespace headsum
+
+#endif  // HEADSUM_KERNELS_ONEDNN_ONEDNN_REF_H_

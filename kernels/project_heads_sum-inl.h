@@ -1,0 +1,121 @@
+// project_heads_sum: Y = sum_h g_h O_h Wo[h] + bias, reading O head-major
+// ([B][H][S][L]) with no concatenated copy.  Wo[h] is rows h*L .. h*L+L-1 of
+// Wo [H*L][D].  Also the per-head views that the explicit sum makes cheap:
+// each head's contribution O_h Wo[h], its norm, and its attribution onto
+// directions.
+//   einsum 'bhsl,hld->bsd'
+
+#if defined(HEADSUM_KERNELS_PROJECT_HEADS_SUM_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef HEADSUM_KERNELS_PROJECT_HEADS_SUM_INL_H_
+#undef HEADSUM_KERNELS_PROJECT_HEADS_SUM_INL_H_
+#else
+#define HEADSUM_KERNELS_PROJECT_HEADS_SUM_INL_H_
+#endif
+
+#include <stddef.h>
+
+#include <cmath>
+
+#include "kernels/matmul-inl.h"
+#include "kernels/shapes.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace headsum {
+namespace HWY_NAMESPACE {
+
+
+// Rows [s0, s1) and columns [c0, c1) of Y (and of every head's contribution)
+// for batch b.  Heads are added in order 0..H-1 onto the bias: the sum does
+// not depend on how the caller splits rows and columns.
+inline void SumHeadsTile(const ProjDims& p, const ProjectArgs& args, size_t b, size_t s0,
+                         size_t s1, size_t c0, size_t c1) {
+  const size_t S = p.seq, H = p.heads, L = p.head_dim, D = p.model_dim;
+  const size_t rows = s1 - s0, cols = c1 - c0;
+  float* HWY_RESTRICT y = args.y ? args.y + (b * S + s0) * D + c0 : nullptr;
+  if (y) {
+    for (size_t r = 0; r < rows; ++r) {
+      if (args.bias) {
+        const float* HWY_RESTRICT bias = args.bias + c0;
+        float* HWY_RESTRICT y_r = y + r * D;
+        ForEachVector(cols, [&](auto d, size_t c) {
+          hn::StoreU(hn::LoadU(d, bias + c), d, y_r + c);
+        });
+      } else {
+        Fill(y + r * D, cols, 0.0f);
+      }
+    }
+  }
+  for (size_t h = 0; h < H; ++h) {
+    const float gate = args.head_gates ? args.head_gates[h] : 1.0f;
+    float* HWY_RESTRICT contribution =
+        args.per_head ? args.per_head + ((b * S + s0) * H + h) * D + c0 : nullptr;
+    const bool adds_to_y = y != nullptr && gate != 0.0f;
+    if (!adds_to_y && contribution == nullptr) continue;  // a gated-off head is free
+    const float* HWY_RESTRICT o_h = args.heads + ((b * H + h) * S + s0) * L;
+    const float* HWY_RESTRICT wo_h = args.wo + h * L * D + c0;
+    // Y[s][c] += g_h * sum_l O_h[s][l] Wo[h][l][c]
+    MatMul(rows, cols, L, o_h, L, wo_h, D, [&](auto d, size_t r, size_t c, auto acc) {
+      if (contribution) hn::StoreU(acc, d, contribution + r * H * D + c);
+      if (adds_to_y) {
+        float* HWY_RESTRICT dst = y + r * D + c;
+        hn::StoreU(hn::MulAdd(hn::Set(d, gate), acc, hn::LoadU(d, dst)), d, dst);
+      }
+    });
+  }
+}
+
+// Floats of scratch ContributionNormsRows needs: one tile of contributions.
+inline size_t NormsScratch(const ProjDims& p) { return kTileRows * p.model_dim; }
+
+// out[b][s][h] = || O_h[s] Wo[h] ||_2 for rows [s0, s1): each contribution
+// tile lives only in scratch, never in [B][S][H][D].
+inline void ContributionNormsRows(const ProjDims& p, const float* HWY_RESTRICT heads,
+                                  const float* HWY_RESTRICT wo, float* HWY_RESTRICT out,
+                                  size_t b, size_t s0, size_t s1,
+                                  float* HWY_RESTRICT scratch) {
+  const size_t S = p.seq, H = p.heads, L = p.head_dim, D = p.model_dim;
+  for (size_t r0 = s0; r0 < s1; r0 += kTileRows) {
+    const size_t rows = s1 - r0 < kTileRows ? s1 - r0 : kTileRows;
+    for (size_t h = 0; h < H; ++h) {
+      const float* HWY_RESTRICT o_h = heads + ((b * H + h) * S + r0) * L;
+      MatMul(rows, D, L, o_h, L, wo + h * L * D, D, [&](auto d, size_t r, size_t c, auto acc) {
+        hn::StoreU(acc, d, scratch + r * D + c);
+      });
+      for (size_t r = 0; r < rows; ++r) {
+        out[(b * S + r0 + r) * H + h] = std::sqrt(SumOfSquares(scratch + r * D, D));
+      }
+    }
+  }
+}
+
+// wd[h*L + l][r] = Wo[h*L + l] . directions[r]: each head's output weights
+// projected onto the directions, [H*L][R].  Rows [k0, k1) of it.
+inline void ProjectWeightsOntoDirections(const ProjDims& p, const float* HWY_RESTRICT wo,
+                                         const float* HWY_RESTRICT directions, size_t R,
+                                         float* HWY_RESTRICT wd, size_t k0, size_t k1) {
+  const size_t D = p.model_dim;
+  for (size_t k = k0; k < k1; ++k) {
+    for (size_t r = 0; r < R; ++r) wd[k * R + r] = Dot(wo + k * D, directions + r * D, D);
+  }
+}
+
+// out[b][s][h][r] = O_h[s] . wd[h][:, r]  ==  (O_h[s] Wo[h]) . directions[r],
+// for rows [s0, s1) of batch b: O(L R) per (s, h) instead of O(L D + D R).
+inline void AttributionRows(const ProjDims& p, const float* HWY_RESTRICT heads,
+                            const float* HWY_RESTRICT wd, size_t R, float* HWY_RESTRICT out,
+                            size_t b, size_t s0, size_t s1) {
+  const size_t S = p.seq, H = p.heads, L = p.head_dim;
+  for (size_t h = 0; h < H; ++h) {
+    const float* HWY_RESTRICT o_h = heads + ((b * H + h) * S + s0) * L;
+    float* HWY_RESTRICT out_h = out + ((b * S + s0) * H + h) * R;
+    MatMul(s1 - s0, R, L, o_h, L, wd + h * L * R, R, [&](auto d, size_t r, size_t c, auto acc) {
+      hn::StoreU(acc, d, out_h + r * H * R + c);
+    });
+  }
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace headsum
+HWY_AFTER_NAMESPACE();
+
+#endif  // HEADSUM_KERNELS_PROJECT_HEADS_SUM_INL_H_

@@ -1,0 +1,108 @@
+// An independent double-precision reference for every headsum kernel.
+// Shares no code with kernels/: plain loops over the layouts of headsum.h,
+// written the textbook way (the projection concatenates the heads, then does
+// one GEMM).  Inputs are f32 as the kernels see them; all arithmetic is in
+// double, so its own error (~1e-16 relative) is negligible next to f32's.
+#ifndef HEADSUM_TESTS_REFERENCE_H_
+#define HEADSUM_TESTS_REFERENCE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "headsum/headsum.h"
+
+namespace headsum_test {
+
+// Attention dims with the public defaults resolved (kv_heads 0 -> heads,
+// scale 0 -> 1/sqrt(head_dim), computed in double).
+struct RefAttnDims {
+  explicit RefAttnDims(const headsum_attn_shape& s);
+
+  int64_t batch, heads, kv_heads, seq_q, seq_kv, head_dim;
+  double scale;
+  bool causal;
+
+  // GQA: query head h reads kv head h / (H / Hkv).
+  int64_t kv_head_of(int64_t h) const { return h / (heads / kv_heads); }
+  // Bottom-right aligned causal mask: query i sees key j when
+  // j <= i + (Skv - Sq).
+  bool visible(int64_t i, int64_t j) const { return !causal || j <= i + (seq_kv - seq_q); }
+
+  // Flat indices into Q/O [B][H][Sq][L], K/V [B][Hkv][Skv][L], S [B][H][Sq][Skv].
+  size_t q_at(int64_t b, int64_t h, int64_t i, int64_t l) const {
+    return size_t(((b * heads + h) * seq_q + i) * head_dim + l);
+  }
+  size_t kv_at(int64_t b, int64_t g, int64_t j, int64_t l) const {
+    return size_t(((b * kv_heads + g) * seq_kv + j) * head_dim + l);
+  }
+  size_t s_at(int64_t b, int64_t h, int64_t i, int64_t j) const {
+    return size_t(((b * heads + h) * seq_q + i) * seq_kv + j);
+  }
+  size_t q_elems() const { return size_t(batch * heads * seq_q * head_dim); }
+  size_t scores_elems() const { return size_t(batch * heads * seq_q * seq_kv); }
+};
+
+// S = scale * Q K^T, -inf where causally masked.  [B][H][Sq][Skv]
+std::vector<double> RefQkScores(const RefAttnDims& d, const float* q, const float* k);
+// P = softmax of each score row over the entries the causal mask lets
+// through (whatever the masked entries hold); -inf entries get weight 0; a row
+// with nothing left gives all zeros.  [B][H][Sq][Skv]
+std::vector<double> RefSoftmaxRows(const RefAttnDims& d, const std::vector<double>& scores);
+// O = P V.  [B][H][Sq][L]
+std::vector<double> RefProbsTimesV(const RefAttnDims& d, const std::vector<double>& probs,
+                                   const float* v);
+// O = softmax(S) V for f32 scores as headsum_softmax_v reads them.
+std::vector<double> RefSoftmaxV(const RefAttnDims& d, const float* scores, const float* v);
+// O = softmax(scale Q K^T + mask) V.
+std::vector<double> RefAttention(const RefAttnDims& d, const float* q, const float* k,
+                                 const float* v);
+
+struct RefProjDims {
+  explicit RefProjDims(const headsum_proj_shape& s);
+
+  int64_t batch, seq, heads, head_dim, model_dim;
+
+  int64_t inner() const { return heads * head_dim; }  // rows of Wo, width of concat
+  // O [B][H][S][L]
+  size_t o_at(int64_t b, int64_t h, int64_t s, int64_t l) const {
+    return size_t(((b * heads + h) * seq + s) * head_dim + l);
+  }
+  // Wo [H*L][D]: row h*L + l of head h's slice Wo[h]
+  size_t wo_at(int64_t h, int64_t l, int64_t dcol) const {
+    return size_t((h * head_dim + l) * model_dim + dcol);
+  }
+  // per-head tensors [B][S][H][X] (X = D for contributions, R or 1 otherwise)
+  size_t bsh(int64_t b, int64_t s, int64_t h) const {
+    return size_t((b * seq + s) * heads + h);
+  }
+  size_t y_elems() const { return size_t(batch * seq * model_dim); }
+  size_t per_head_elems() const { return size_t(batch * seq * heads * model_dim); }
+};
+
+// concat[b][s][h*L + l] = O[b][h][s][l].  [B][S][H*L]
+std::vector<double> RefConcatHeads(const RefProjDims& d, const float* heads);
+// a [m][k] @ b [k][n], b row-major f32.  [m][n]
+std::vector<double> RefMatmul(const std::vector<double>& a, const float* b, int64_t m,
+                              int64_t k, int64_t n);
+// The textbook projection: Y = concat(O_1..O_H) @ Wo + bias (bias may be NULL).
+// [B][S][D]
+std::vector<double> RefConcatProject(const RefProjDims& d, const float* heads,
+                                     const float* wo, const float* bias);
+// Each head's own contribution: c[b][s][h][:] = O_h[b][s][:] @ Wo[h].  [B][S][H][D]
+std::vector<double> RefHeadContributions(const RefProjDims& d, const float* heads,
+                                         const float* wo);
+// y = sum_h g_h c_h + bias (gates NULL means all 1, bias may be NULL).  [B][S][D]
+std::vector<double> RefGatedSum(const RefProjDims& d, const std::vector<double>& contributions,
+                                const float* gates, const float* bias);
+// out[b][s][h][r] = c[b][s][h][:] . directions[r][:].  [B][S][H][R]
+std::vector<double> RefAttribution(const RefProjDims& d,
+                                   const std::vector<double>& contributions,
+                                   const float* directions, int64_t n_directions);
+// out[b][s][h] = || c[b][s][h][:] ||_2.  [B][S][H]
+std::vector<double> RefContributionNorms(const RefProjDims& d,
+                                         const std::vector<double>& contributions);
+
+}  // namespace headsum_test
+
+#endif  // HEADSUM_TESTS_REFERENCE_H_
