@@ -9,7 +9,7 @@
 // (Google Benchmark appends /real_time: the kernels run on several threads,
 // so wall time is what counts.)
 //
-// Counters, all per second of wall time:
+// Counters, from the wall time of the timed loop:
 //   GFLOP/s          the full flop count of the shape (2 per multiply-add;
 //                    causal counts masked entries too, so headsum and oneDNN
 //                    are compared on the same work)
@@ -21,6 +21,7 @@
 // --benchmark_report_aggregates_only=true: read the _median rows.
 #include <benchmark/benchmark.h>
 
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -152,20 +153,31 @@ double VisibleEntries(const AttnDims& a) {
 
 double g_peak_gflops_per_core = 0.0;
 
-// Sets GFLOP/s (and pct_peak) from flops per iteration; Google Benchmark
-// divides by the wall time of all iterations.
-void SetFlopCounters(benchmark::State& state, double flops, double visible_flops,
-                     bool report_visible, int threads) {
-  using benchmark::Counter;
-  state.counters["GFLOP/s"] = Counter(flops * 1e-9, Counter::kIsIterationInvariantRate);
-  if (report_visible) {
-    state.counters["visible_GFLOP/s"] =
-        Counter(visible_flops * 1e-9, Counter::kIsIterationInvariantRate);
+// Wall time of the timed loop.  The counters are derived from it here rather
+// than as Google Benchmark rate counters so that pct_peak prints as a plain
+// percentage (a rate counter would print "87.4/s").
+class LoopTimer {
+ public:
+  LoopTimer() : start_(std::chrono::steady_clock::now()) {}
+  double Seconds() const {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
   }
+
+ private:
+  std::chrono::steady_clock::time_point start_;
+};
+
+// Sets GFLOP/s, visible_GFLOP/s (causal) and pct_peak from the flops of one
+// iteration and the loop's wall time.
+void SetFlopCounters(benchmark::State& state, double seconds, double flops,
+                     double visible_flops, bool report_visible, int threads) {
+  if (state.error_occurred() || seconds <= 0 || state.iterations() == 0) return;
+  const double per_second = static_cast<double>(state.iterations()) / seconds;
+  const double gflops = flops * per_second * 1e-9;
+  state.counters["GFLOP/s"] = gflops;
+  if (report_visible) state.counters["visible_GFLOP/s"] = visible_flops * per_second * 1e-9;
   if (g_peak_gflops_per_core > 0) {
-    state.counters["pct_peak"] =
-        Counter(100.0 * flops * 1e-9 / (g_peak_gflops_per_core * threads),
-                Counter::kIsIterationInvariantRate);
+    state.counters["pct_peak"] = 100.0 * gflops / (g_peak_gflops_per_core * threads);
   }
 }
 
@@ -219,6 +231,7 @@ void RunAttn(benchmark::State& state, const AttnKernel& kernel, bool onednn,
     state.SkipWithError(StatusMessage(what, status).c_str());
     return;
   }
+  const LoopTimer timer;
   for (auto _ : state) {
     status = call(&shape, buffers);
     if (status != HEADSUM_OK) {
@@ -229,8 +242,8 @@ void RunAttn(benchmark::State& state, const AttnKernel& kernel, bool onednn,
   }
   const double per_entry = kernel.flops_per_mac * static_cast<double>(a.batch * a.heads) *
                            static_cast<double>(a.head_dim);
-  SetFlopCounters(state, per_entry * AllEntries(a), per_entry * VisibleEntries(a), a.causal,
-                  threads);
+  SetFlopCounters(state, timer.Seconds(), per_entry * AllEntries(a),
+                  per_entry * VisibleEntries(a), a.causal, threads);
 }
 
 void RunProject(benchmark::State& state, bool onednn, headsum_proj_shape shape, int threads) {
@@ -254,6 +267,7 @@ void RunProject(benchmark::State& state, bool onednn, headsum_proj_shape shape, 
     state.SkipWithError(StatusMessage(what, status).c_str());
     return;
   }
+  const LoopTimer timer;
   for (auto _ : state) {
     status = call(&shape, buffers);
     if (status != HEADSUM_OK) {
@@ -263,7 +277,7 @@ void RunProject(benchmark::State& state, bool onednn, headsum_proj_shape shape, 
     benchmark::ClobberMemory();
   }
   const double flops = 2.0 * static_cast<double>(b * s * inner * d);
-  SetFlopCounters(state, flops, flops, false, threads);
+  SetFlopCounters(state, timer.Seconds(), flops, flops, false, threads);
 }
 
 // ---------------------------------------------------------------------------

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Builds headsum (Release, every Highway target) and runs the whole test
+# suite: every kernel on every target this CPU runs, the oneDNN equivalence,
+# argument validation, determinism and the installed-package consumer.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install-deps.sh
+build=${HEADSUM_BUILD_DIR:-build}
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DHEADSUM_BUILD_BENCH=OFF
+cmake --build "$build" -j"$(nproc)"
+ctest --test-dir "$build" --output-on-failure -j"$(nproc)"

@@ -1,0 +1,240 @@
+#include "error_bounds.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace headsum_test {
+
+namespace {
+
+constexpr double kMinusInf = -std::numeric_limits<double>::infinity();
+
+// First-order bound (without kSafety) on the error of each f32 score:
+// (L + 3) eps |scale| sum_l |q_l k_l|; 0 where masked.
+std::vector<double> QkScoresError(const RefAttnDims& d, const float* q, const float* k) {
+  std::vector<double> err(d.scores_elems(), 0.0);
+  const double per_unit = double(d.head_dim + 3) * kEps * std::fabs(d.scale);
+  for (int64_t b = 0; b < d.batch; ++b) {
+    for (int64_t h = 0; h < d.heads; ++h) {
+      const int64_t g = d.kv_head_of(h);
+      for (int64_t i = 0; i < d.seq_q; ++i) {
+        for (int64_t j = 0; j < d.seq_kv; ++j) {
+          if (!d.visible(i, j)) continue;
+          double abs_dot = 0.0;
+          for (int64_t l = 0; l < d.head_dim; ++l) {
+            abs_dot += std::fabs(double(q[d.q_at(b, h, i, l)]) * double(k[d.kv_at(b, g, j, l)]));
+          }
+          err[d.s_at(b, h, i, j)] = per_unit * abs_dot;
+        }
+      }
+    }
+  }
+  return err;
+}
+
+// The softmax(S) V bound.  For one query row, let J be the entries the mask
+// lets through with s_j > -inf, m = max_J s_j, w_j = exp(s_j - m),
+// p_j = w_j / sum_J w_j, and for one output column A = sum_j p_j |v_j|.
+//
+// 1. Weights.  The kernel's w~_j = w_j (1 + e_j) with |e_j| <= delta_j:
+//      delta_j = kExpRelErr                 exp itself ("a few ulp")
+//              + 2 eps (|s_j| + |m|)        forming the argument s_j - m (or
+//                                           s_j log2e - m log2e for exp2): a
+//                                           few roundings of size u (|s|+|m|)
+//                                           in the exponent = that much
+//                                           relative error in w_j
+//              + score_err_j                attention only: an absolute error
+//                                           on s_j is a relative one on w_j.
+//    An error on m itself is common to every w_j and cancels in p_j.  Where
+//    s_j - m < -80, w_j < 2e-35 may underflow or flush to 0: delta_j = 1.
+//    Normalizing, p~_j = p_j (1 + e_j) / (1 + e_bar) with e_bar = sum p_j e_j,
+//    so  |sum_j (p~_j - p_j) v_j| = |sum_j p_j (e_j - e_bar) v_j| / (1 + e_bar)
+//                                <= sum_j p_j delta_j |v_j| + delta_bar A
+//    to first order (delta_bar = sum_j p_j delta_j).  This holds whether the
+//    numerator and denominator share the w~_j or evaluate them separately.
+// 2. Sums.  Numerator and denominator are sums of <= Skv terms: gamma_Skv
+//    relative each (on sum p_j |v_j| = A and on the O ~ A result); a
+//    flash-style kernel rescales both accumulators once per KV tile by the
+//    same factor (its error cancels in the ratio, its rounding adds <= u per
+//    tile, <= Skv tiles); one final division (u).  Together
+//    <= (1.5 Skv + 1) eps A  <=  (2 Skv + 4) eps A.
+// So  |O~ - O| <= kSafety * (sum_j p_j delta_j |v_j| + delta_bar A + (2 Skv + 4) eps A).
+// A row with nothing visible has A = 0: the bound is 0 and the result must be
+// exactly 0, as the API promises.
+std::vector<double> SoftmaxVBoundImpl(const RefAttnDims& d, const std::vector<double>& scores,
+                                      const std::vector<double>& score_err, const float* v) {
+  std::vector<double> bound(d.q_elems(), 0.0);
+  std::vector<double> p(size_t(d.seq_kv)), delta(size_t(d.seq_kv));
+  const double accumulation = double(2 * d.seq_kv + 4) * kEps;
+  for (int64_t b = 0; b < d.batch; ++b) {
+    for (int64_t h = 0; h < d.heads; ++h) {
+      const int64_t g = d.kv_head_of(h);
+      for (int64_t i = 0; i < d.seq_q; ++i) {
+        double m = kMinusInf;
+        for (int64_t j = 0; j < d.seq_kv; ++j) {
+          if (d.visible(i, j)) m = std::max(m, scores[d.s_at(b, h, i, j)]);
+        }
+        if (m == kMinusInf) continue;  // nothing visible: exact zeros
+        double z = 0.0;
+        for (int64_t j = 0; j < d.seq_kv; ++j) {
+          const double s = scores[d.s_at(b, h, i, j)];
+          p[j] = (d.visible(i, j) && s != kMinusInf) ? std::exp(s - m) : 0.0;
+          z += p[j];
+          double dj = kExpRelErr + 2 * kEps * (std::fabs(s) + std::fabs(m));
+          if (!score_err.empty()) dj += score_err[d.s_at(b, h, i, j)];
+          if (s - m < -80.0) dj = 1.0;
+          delta[j] = std::min(dj, 1.0);
+        }
+        double delta_bar = 0.0;
+        for (int64_t j = 0; j < d.seq_kv; ++j) {
+          p[j] /= z;
+          delta_bar += p[j] * delta[j];
+        }
+        for (int64_t l = 0; l < d.head_dim; ++l) {
+          double a = 0.0, weighted = 0.0;
+          for (int64_t j = 0; j < d.seq_kv; ++j) {
+            if (p[j] == 0.0) continue;
+            const double abs_v = std::fabs(double(v[d.kv_at(b, g, j, l)]));
+            a += p[j] * abs_v;
+            weighted += p[j] * delta[j] * abs_v;
+          }
+          bound[d.q_at(b, h, i, l)] = kSafety * (weighted + delta_bar * a + accumulation * a);
+        }
+      }
+    }
+  }
+  return bound;
+}
+
+}  // namespace
+
+std::vector<double> QkScoresBound(const RefAttnDims& d, const float* q, const float* k) {
+  std::vector<double> bound = QkScoresError(d, q, k);
+  for (double& x : bound) x *= kSafety;
+  return bound;
+}
+
+std::vector<double> SoftmaxVBound(const RefAttnDims& d, const float* scores, const float* v) {
+  std::vector<double> s(d.scores_elems());
+  for (size_t n = 0; n < s.size(); ++n) s[n] = double(scores[n]);
+  return SoftmaxVBoundImpl(d, s, /*score_err=*/{}, v);
+}
+
+std::vector<double> AttentionBound(const RefAttnDims& d, const float* q, const float* k,
+                                   const float* v) {
+  return SoftmaxVBoundImpl(d, RefQkScores(d, q, k), QkScoresError(d, q, k), v);
+}
+
+std::vector<double> AbsContributions(const RefProjDims& d, const float* heads, const float* wo) {
+  std::vector<double> a(d.per_head_elems(), 0.0);
+  for (int64_t b = 0; b < d.batch; ++b) {
+    for (int64_t s = 0; s < d.seq; ++s) {
+      for (int64_t h = 0; h < d.heads; ++h) {
+        double* out = &a[d.bsh(b, s, h) * size_t(d.model_dim)];
+        for (int64_t l = 0; l < d.head_dim; ++l) {
+          const double o = std::fabs(double(heads[d.o_at(b, h, s, l)]));
+          for (int64_t col = 0; col < d.model_dim; ++col) {
+            out[col] += o * std::fabs(double(wo[d.wo_at(h, l, col)]));
+          }
+        }
+      }
+    }
+  }
+  return a;
+}
+
+std::vector<double> ContributionBound(const RefProjDims& d, const std::vector<double>& abs_c) {
+  std::vector<double> bound(abs_c.size());
+  const double per_unit = kSafety * double(d.head_dim + 2) * kEps;
+  for (size_t n = 0; n < abs_c.size(); ++n) bound[n] = per_unit * abs_c[n];
+  return bound;
+}
+
+std::vector<double> ProjectionBound(const RefProjDims& d, const std::vector<double>& abs_c,
+                                    const float* gates, const float* bias) {
+  std::vector<double> bound(d.y_elems(), 0.0);
+  const double per_unit = kSafety * double(d.heads * d.head_dim + d.heads + 3) * kEps;
+  for (int64_t b = 0; b < d.batch; ++b) {
+    for (int64_t s = 0; s < d.seq; ++s) {
+      for (int64_t col = 0; col < d.model_dim; ++col) {
+        double magnitude = bias == nullptr ? 0.0 : std::fabs(double(bias[col]));
+        for (int64_t h = 0; h < d.heads; ++h) {
+          const double g = gates == nullptr ? 1.0 : std::fabs(double(gates[h]));
+          magnitude += g * abs_c[d.bsh(b, s, h) * size_t(d.model_dim) + size_t(col)];
+        }
+        bound[size_t((b * d.seq + s) * d.model_dim + col)] = per_unit * magnitude;
+      }
+    }
+  }
+  return bound;
+}
+
+std::vector<double> AttributionBound(const RefProjDims& d, const float* heads, const float* wo,
+                                     const float* directions, int64_t n_directions) {
+  // abs_wdir[h][l][r] = sum_col |Wo[h][l][col] dir_r[col]|
+  const size_t R = size_t(n_directions);
+  std::vector<double> abs_wdir(size_t(d.inner()) * R, 0.0);
+  for (int64_t h = 0; h < d.heads; ++h) {
+    for (int64_t l = 0; l < d.head_dim; ++l) {
+      for (size_t r = 0; r < R; ++r) {
+        double sum = 0.0;
+        for (int64_t col = 0; col < d.model_dim; ++col) {
+          sum += std::fabs(double(wo[d.wo_at(h, l, col)]) *
+                           double(directions[r * size_t(d.model_dim) + size_t(col)]));
+        }
+        abs_wdir[size_t(h * d.head_dim + l) * R + r] = sum;
+      }
+    }
+  }
+  const double per_unit = kSafety * double(d.model_dim + d.head_dim + 3) * kEps;
+  std::vector<double> bound(size_t(d.batch * d.seq * d.heads) * R, 0.0);
+  for (int64_t b = 0; b < d.batch; ++b) {
+    for (int64_t s = 0; s < d.seq; ++s) {
+      for (int64_t h = 0; h < d.heads; ++h) {
+        for (size_t r = 0; r < R; ++r) {
+          double magnitude = 0.0;
+          for (int64_t l = 0; l < d.head_dim; ++l) {
+            magnitude += std::fabs(double(heads[d.o_at(b, h, s, l)])) *
+                         abs_wdir[size_t(h * d.head_dim + l) * R + r];
+          }
+          bound[d.bsh(b, s, h) * R + r] = per_unit * magnitude;
+        }
+      }
+    }
+  }
+  return bound;
+}
+
+// n = ||c||, a = (sum_l |O_l W_l,col|)_col, so |c_col| <= a_col and n <= ||a||.
+// Two ways a kernel may compute the norm:
+//  - direct: c~ (error <= gamma_L a per column), then sqrt(sum_col c~^2):
+//    | ||c~|| - n | <= gamma_L ||a|| + (gamma_D / 2 + u) n;
+//  - Gram: n^2 = O^T (Wo[h] Wo[h]^T) O, error on n^2 <= gamma_{D+2L} ||a||^2,
+//    since sum_lm |O_l||O_m| sum_col |W_l,col||W_m,col| = ||a||^2.
+// Both give  |n~^2 - n^2| <= Dsq := (D + 2L + 4) eps ||a||^2, and then
+//   |n~ - n| = |n~^2 - n^2| / (n~ + n) <= Dsq / n    and
+//   |n~ - n| <= sqrt(|n~ - n| (n~ + n)) <= sqrt(Dsq),
+// whichever is smaller (the second matters when cancellation makes n tiny),
+// plus eps n for the final sqrt's rounding.
+std::vector<double> ContributionNormsBound(const RefProjDims& d,
+                                           const std::vector<double>& contributions,
+                                           const std::vector<double>& abs_c) {
+  const size_t rows = size_t(d.batch * d.seq * d.heads);
+  const size_t D = size_t(d.model_dim);
+  std::vector<double> bound(rows, 0.0);
+  for (size_t row = 0; row < rows; ++row) {
+    double n2 = 0.0, a2 = 0.0;
+    for (size_t col = 0; col < D; ++col) {
+      n2 += contributions[row * D + col] * contributions[row * D + col];
+      a2 += abs_c[row * D + col] * abs_c[row * D + col];
+    }
+    const double n = std::sqrt(n2);
+    const double dsq = double(d.model_dim + 2 * d.head_dim + 4) * kEps * a2;
+    const double via_sum = n > 0.0 ? dsq / n : std::numeric_limits<double>::infinity();
+    bound[row] = kSafety * (std::min(via_sum, std::sqrt(dsq)) + kEps * n);
+  }
+  return bound;
+}
+
+}  // namespace headsum_test
