@@ -22,6 +22,7 @@
 #include <benchmark/benchmark.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -135,12 +136,15 @@ const ProjCall kProjectOnednn = [](const headsum_proj_shape* s, ProjBuffers& b) 
 // ---------------------------------------------------------------------------
 // Flop counts.
 
+// The public shape with defaults resolved, as dispatch resolves them.
 AttnDims Resolve(const headsum_attn_shape& s) {
   const int64_t kv_heads = s.kv_heads == 0 ? s.heads : s.kv_heads;
+  const float scale =
+      s.scale != 0.0f ? s.scale : 1.0f / std::sqrt(static_cast<float>(s.head_dim));
   return AttnDims{static_cast<size_t>(s.batch),    static_cast<size_t>(s.heads),
                   static_cast<size_t>(kv_heads),   static_cast<size_t>(s.seq_q),
                   static_cast<size_t>(s.seq_kv),   static_cast<size_t>(s.head_dim),
-                  s.scale,                         s.causal != 0};
+                  scale,                           s.causal != 0};
 }
 
 // Entries of S per (batch, head): all of them, and those the mask leaves.
@@ -302,16 +306,7 @@ std::string ProjName(bool onednn, const headsum_proj_shape& s, int threads) {
 }
 
 headsum_attn_shape AttnShape(int64_t seq_q, int64_t seq_kv, bool causal) {
-  headsum_attn_shape s{};
-  s.batch = kBatch;
-  s.heads = kHeads;
-  s.kv_heads = kKvHeads;
-  s.seq_q = seq_q;
-  s.seq_kv = seq_kv;
-  s.head_dim = kHeadDim;
-  s.scale = 0.0f;  // 1/sqrt(L)
-  s.causal = causal ? 1 : 0;
-  return s;
+  return SeedAt(seq_q, seq_kv, causal).attn(/*scale=*/0.0f);  // 0: 1/sqrt(L)
 }
 
 void RegisterAttnPair(const AttnKernel& kernel, const headsum_attn_shape& shape, int threads) {
@@ -342,7 +337,7 @@ void RegisterAll() {
   }
   for (const int64_t seq : kSeqLens) {
     for (const int threads : kThreadCounts) {
-      const headsum_proj_shape shape{kBatch, seq, kHeads, kHeadDim, kModelDim};
+      const headsum_proj_shape shape = SeedAt(seq, seq, false).proj();
       for (const bool onednn : {false, true}) {
         benchmark::RegisterBenchmark(ProjName(onednn, shape, threads).c_str(),
                                      [onednn, shape, threads](benchmark::State& state) {
@@ -379,11 +374,11 @@ void AddContext(const Peak& peak) {
   const int64_t seq = 512;
   const headsum_attn_shape causal = AttnShape(seq, seq, true);
   const headsum_attn_shape decode = AttnShape(kDecodeSeqQ, kDecodeSeqKv, true);
-  const ProjDims proj{static_cast<size_t>(kBatch), static_cast<size_t>(seq),
-                      static_cast<size_t>(kHeads), static_cast<size_t>(kHeadDim),
-                      static_cast<size_t>(kModelDim)};
-  AttnDims causal_dims = Resolve(causal), decode_dims = Resolve(decode);
-  causal_dims.scale = decode_dims.scale = 1.0f / 8.0f;  // 1/sqrt(64), as dispatch resolves it
+  const headsum_proj_shape p = SeedAt(seq, seq, false).proj();
+  const ProjDims proj{static_cast<size_t>(p.batch), static_cast<size_t>(p.seq),
+                      static_cast<size_t>(p.heads), static_cast<size_t>(p.head_dim),
+                      static_cast<size_t>(p.model_dim)};
+  const AttnDims causal_dims = Resolve(causal), decode_dims = Resolve(decode);
   for (const int threads : kThreadCounts) {
     const std::string key = "onednn_impls_threads:" + std::to_string(threads);
     const std::string impls = onednn::DescribeImpls(causal_dims, proj, threads);

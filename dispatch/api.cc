@@ -10,6 +10,7 @@
 #include "dispatch/threads.h"
 #include "dispatch/validate.h"
 #include "headsum/headsum.h"
+#include "hwy/aligned_allocator.h"
 #include "hwy/targets.h"
 #include "kernels/shapes.h"
 #ifdef HEADSUM_HAVE_ONEDNN
@@ -201,6 +202,84 @@ headsum_status headsum_head_attribution(const headsum_proj_shape* shape, const f
                                         static_cast<size_t>(n_directions), out));
   });
 }
+
+}  // extern "C"
+
+struct headsum_attribution_basis {
+  int64_t heads, head_dim, model_dim, n_directions;
+  hwy::AlignedFreeUniquePtr<float[]> wd;  // [H*L][R]
+};
+
+extern "C" {
+
+headsum_status headsum_attribution_basis_create(const headsum_proj_shape* shape,
+                                                const float* wo, const float* directions,
+                                                int64_t n_directions,
+                                                headsum_attribution_basis** basis) {
+  static const char* fn = "headsum_attribution_basis_create";
+  ProjDims p;
+  HEADSUM_CHECK(CheckProjShape(fn, shape, &p));
+  HEADSUM_CHECK(CheckPointer(fn, "wo", wo));
+  HEADSUM_CHECK(CheckPointer(fn, "directions", directions));
+  HEADSUM_CHECK(CheckPointer(fn, "basis", basis));
+  if (n_directions < 1) {
+    return Fail(HEADSUM_ERR_INVALID_ARGUMENT, fn, "n_directions = %lld must be >= 1",
+                static_cast<long long>(n_directions));
+  }
+  uint64_t n;
+  HEADSUM_CHECK(CheckElements(fn, "directions [R][D]", &n, n_directions, shape->model_dim));
+  HEADSUM_CHECK(CheckElements(fn, "basis [H*L][R]", &n, shape->heads, shape->head_dim,
+                              n_directions));
+  return Guarded(fn, [&] {
+    headsum_attribution_basis* made = new (std::nothrow) headsum_attribution_basis{
+        shape->heads, shape->head_dim, shape->model_dim, n_directions,
+        hwy::AllocateAligned<float>(static_cast<size_t>(n))};
+    if (made == nullptr || !made->wd) {
+      delete made;
+      return Fail(HEADSUM_ERR_OUT_OF_MEMORY, fn, "out of memory for the basis");
+    }
+    const headsum_status s = Reported(
+        fn, ProjectWeightsOntoDirections(p, wo, directions, static_cast<size_t>(n_directions),
+                                         made->wd.get()));
+    if (s != HEADSUM_OK) {
+      delete made;
+      return s;
+    }
+    *basis = made;
+    return HEADSUM_OK;
+  });
+}
+
+headsum_status headsum_head_attribution_basis(const headsum_proj_shape* shape,
+                                              const float* heads,
+                                              const headsum_attribution_basis* basis,
+                                              float* out) {
+  static const char* fn = "headsum_head_attribution_basis";
+  ProjDims p;
+  HEADSUM_CHECK(CheckProjShape(fn, shape, &p));
+  HEADSUM_CHECK(CheckPointer(fn, "heads", heads));
+  HEADSUM_CHECK(CheckPointer(fn, "basis", basis));
+  HEADSUM_CHECK(CheckPointer(fn, "out", out));
+  if (shape->heads != basis->heads || shape->head_dim != basis->head_dim ||
+      shape->model_dim != basis->model_dim) {
+    return Fail(HEADSUM_ERR_INVALID_ARGUMENT, fn,
+                "shape (heads = %lld, head_dim = %lld, model_dim = %lld) is not the basis' "
+                "(heads = %lld, head_dim = %lld, model_dim = %lld)",
+                static_cast<long long>(shape->heads), static_cast<long long>(shape->head_dim),
+                static_cast<long long>(shape->model_dim), static_cast<long long>(basis->heads),
+                static_cast<long long>(basis->head_dim),
+                static_cast<long long>(basis->model_dim));
+  }
+  uint64_t n;
+  HEADSUM_CHECK(CheckElements(fn, "out [B][S][H][R]", &n, shape->batch, shape->seq,
+                              shape->heads, basis->n_directions));
+  return Guarded(fn, [&] {
+    return Reported(fn, AttributionFromBasis(p, heads, basis->wd.get(),
+                                             static_cast<size_t>(basis->n_directions), out));
+  });
+}
+
+void headsum_attribution_basis_free(headsum_attribution_basis* basis) { delete basis; }
 
 headsum_status headsum_head_contribution_norms(const headsum_proj_shape* shape,
                                                const float* heads, const float* wo,

@@ -23,6 +23,13 @@ headsum_status ProjectHeadsSum(const ProjDims& p, const float* heads, const floa
                                float* per_head);
 headsum_status HeadAttribution(const ProjDims& p, const float* heads, const float* wo,
                                const float* directions, size_t n_directions, float* out);
+// wd[h*L + l][r] = Wo[h*L + l] . directions[r]   ([H*L][R]).
+headsum_status ProjectWeightsOntoDirections(const ProjDims& p, const float* wo,
+                                           const float* directions, size_t n_directions,
+                                           float* wd);
+// out[b][s][h][r] = O_h[s] . wd[h][:, r].
+headsum_status AttributionFromBasis(const ProjDims& p, const float* heads, const float* wd,
+                                    size_t n_directions, float* out);
 headsum_status HeadContributionNorms(const ProjDims& p, const float* heads, const float* wo,
                                      float* out);
 

@@ -62,27 +62,38 @@ headsum_status HeadContributionNorms(const ProjDims& p, const float* heads, cons
                        });
 }
 
-headsum_status HeadAttribution(const ProjDims& p, const float* heads, const float* wo,
-                               const float* directions, size_t n_directions, float* out) {
-  const size_t t = TableIndex(ActiveTarget());
-  const size_t R = n_directions, HL = p.inner();
-  // wd = Wo directions^T [H*L][R], once per call; then O(L R) per (s, h).
-  hwy::AlignedFreeUniquePtr<float[]> wd = hwy::AllocateAligned<float>(HL * R);
-  if (!wd) return HEADSUM_ERR_OUT_OF_MEMORY;
-  const auto project = HWY_DISPATCH_TABLE(ProjectWeightsOntoDirections)[t];
+headsum_status ProjectWeightsOntoDirections(const ProjDims& p, const float* wo,
+                                           const float* directions, size_t n_directions,
+                                           float* wd) {
+  const auto kernel =
+      HWY_DISPATCH_TABLE(ProjectWeightsOntoDirections)[TableIndex(ActiveTarget())];
+  const size_t rows = p.inner();
   constexpr size_t kWeightRows = 64;
-  if (headsum_status s = ParallelItems(CeilDiv(HL, kWeightRows), 0, [&](size_t item, float*) {
-        const size_t k0 = item * kWeightRows;
-        project(p, wo, directions, R, wd.get(), k0, HWY_MIN(k0 + kWeightRows, HL));
-      })) {
-    return s;
-  }
-  const auto kernel = HWY_DISPATCH_TABLE(AttributionRows)[t];
+  return ParallelItems(CeilDiv(rows, kWeightRows), 0, [&](size_t item, float*) {
+    const size_t k0 = item * kWeightRows;
+    kernel(p, wo, directions, n_directions, wd, k0, HWY_MIN(k0 + kWeightRows, rows));
+  });
+}
+
+headsum_status AttributionFromBasis(const ProjDims& p, const float* heads, const float* wd,
+                                    size_t n_directions, float* out) {
+  const auto kernel = HWY_DISPATCH_TABLE(AttributionRows)[TableIndex(ActiveTarget())];
   const size_t row_blocks = CeilDiv(p.seq, kRowBlock);
   return ParallelItems(p.batch * row_blocks, 0, [&](size_t item, float*) {
     const size_t b = item / row_blocks, s0 = item % row_blocks * kRowBlock;
-    kernel(p, heads, wd.get(), R, out, b, s0, HWY_MIN(s0 + kRowBlock, p.seq));
+    kernel(p, heads, wd, n_directions, out, b, s0, HWY_MIN(s0 + kRowBlock, p.seq));
   });
+}
+
+headsum_status HeadAttribution(const ProjDims& p, const float* heads, const float* wo,
+                               const float* directions, size_t n_directions, float* out) {
+  // wd = Wo directions^T [H*L][R], once per call; then O(L R) per (s, h).
+  hwy::AlignedFreeUniquePtr<float[]> wd = hwy::AllocateAligned<float>(p.inner() * n_directions);
+  if (!wd) return HEADSUM_ERR_OUT_OF_MEMORY;
+  if (headsum_status s = ProjectWeightsOntoDirections(p, wo, directions, n_directions, wd.get())) {
+    return s;
+  }
+  return AttributionFromBasis(p, heads, wd.get(), n_directions, out);
 }
 
 }  // namespace dispatch

@@ -112,6 +112,24 @@ headsum_status headsum_head_attribution(const headsum_proj_shape* shape,
                                         const float* heads, const float* wo,
                                         const float* directions, int64_t n_directions,
                                         float* out);
+/* The reusable form of attribution for weights and directions that stay
+ * fixed across calls: basis[h][l][r] = Wo[h][l] . directions[r], computed
+ * once (O(H L D R)); each attribution through it then costs O(B S H L R).
+ * Only heads, head_dim and model_dim of `shape` matter here; batch and seq
+ * must still be >= 1.  Free with headsum_attribution_basis_free (NULL ok). */
+typedef struct headsum_attribution_basis headsum_attribution_basis;
+headsum_status headsum_attribution_basis_create(const headsum_proj_shape* shape,
+                                                const float* wo, const float* directions,
+                                                int64_t n_directions,
+                                                headsum_attribution_basis** basis);
+/* out[b][s][h][r] as headsum_head_attribution, for the basis' Wo and
+ * directions; shape->heads and head_dim must be the basis'. */
+headsum_status headsum_head_attribution_basis(const headsum_proj_shape* shape,
+                                              const float* heads,
+                                              const headsum_attribution_basis* basis,
+                                              float* out);
+void headsum_attribution_basis_free(headsum_attribution_basis* basis);
+
 /* out[b][s][h] = || O_h Wo[h] ||_2, without writing [B][S][H][D] to memory. */
 headsum_status headsum_head_contribution_norms(const headsum_proj_shape* shape,
                                                const float* heads, const float* wo,

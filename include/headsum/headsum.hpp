@@ -174,6 +174,38 @@ inline void head_attribution(const ProjShape& s, In heads, In wo, In directions,
                                  out.data()));
 }
 
+// Wo[h] times each direction, computed once for weights and directions that
+// stay fixed; attribute() then costs O(B S H L R) per call.
+class AttributionBasis {
+ public:
+  AttributionBasis(const ProjShape& s, In wo, In directions, int64_t n_directions)
+      : n_directions_(n_directions) {
+    detail::expect("AttributionBasis", "wo", wo, s.wo_elements());
+    detail::expect("AttributionBasis", "directions", directions,
+                   detail::count(n_directions, s.model_dim));
+    const headsum_proj_shape c = s.c();
+    check(headsum_attribution_basis_create(&c, wo.data(), directions.data(), n_directions,
+                                           &basis_));
+  }
+  ~AttributionBasis() { headsum_attribution_basis_free(basis_); }
+  AttributionBasis(const AttributionBasis&) = delete;
+  AttributionBasis& operator=(const AttributionBasis&) = delete;
+
+  // out[b][s][h][r] = (O_h Wo[h]) . directions[r].
+  void attribute(const ProjShape& s, In heads, Out out) const {
+    detail::expect("AttributionBasis::attribute", "heads", heads, s.head_elements());
+    detail::expect("AttributionBasis::attribute", "out", out,
+                   detail::count(s.batch, s.seq, s.heads, n_directions_));
+    const headsum_proj_shape c = s.c();
+    check(headsum_head_attribution_basis(&c, heads.data(), basis_, out.data()));
+  }
+  int64_t n_directions() const { return n_directions_; }
+
+ private:
+  headsum_attribution_basis* basis_ = nullptr;
+  int64_t n_directions_;
+};
+
 // out[b][s][h] = || O_h Wo[h] ||_2.
 inline void head_contribution_norms(const ProjShape& s, In heads, In wo, Out out) {
   const char* fn = "head_contribution_norms";

@@ -1,0 +1,188 @@
+// The output projection family on every compiled target, over the
+// projection sweep, against the textbook reference (concat the heads, one
+// GEMM with Wo, + bias) and the per-head contributions c_h = O_h Wo[h]:
+// project_heads_sum, project_heads_sum_ex, head_attribution,
+// head_contribution_norms; and the seed's equivalence
+// project_heads_sum == concat_project_onednn == reference.
+#include <vector>
+
+#include "error_bounds.h"
+#include "headsum/headsum.h"
+#include "reference.h"
+#include "shapes.h"
+#include "test_util.h"
+
+namespace headsum_test {
+namespace {
+
+using headsum_shapes::ProjectionSweepShapes;
+using headsum_shapes::SeedShape;
+using headsum_shapes::SmallSweepShapes;
+
+// Inputs of one projection: O [B][H][S][L], Wo [H*L][D], bias [D], gates [H].
+struct ProjInputs {
+  ProjInputs(const MhaShape& s, uint64_t seed)
+      : heads(RandomUniform(s.out_elems(), -1.0f, 1.0f, 8 * seed + 1)),
+        wo(RandomUniform(s.wo_elems(), -1.0f, 1.0f, 8 * seed + 2)),
+        bias(RandomUniform(size_t(s.model_dim), -1.0f, 1.0f, 8 * seed + 3)),
+        gates(RandomUniform(size_t(s.heads), -1.5f, 1.5f, 8 * seed + 4)) {}
+  std::vector<float> heads, wo, bias, gates;
+};
+
+testing::AssertionResult CallFailed(const char* fn, headsum_status st) {
+  return testing::AssertionFailure() << fn << " returned " << StatusName(st) << ": "
+                                     << headsum_last_error();
+}
+
+// Odd-numbered shapes pass bias = NULL (valid: no bias).
+const float* MaybeBias(const ProjInputs& in, uint64_t n) {
+  return n % 2 == 1 ? nullptr : in.bias.data();
+}
+
+// ---- project_heads_sum -----------------------------------------------------------
+
+class ProjectHeadsSum : public TargetTest {};
+
+TEST_P(ProjectHeadsSum, EqualsConcatThenGemmReference) {
+  ForEachShape(ProjectionSweepShapes(), [](const MhaShape& s, uint64_t n) {
+    const headsum_proj_shape shape = s.proj();
+    const ProjInputs in(s, n);
+    const float* bias = MaybeBias(in, n);
+    std::vector<float> y = Sentinels(s.y_elems());
+    const headsum_status st =
+        headsum_project_heads_sum(&shape, in.heads.data(), in.wo.data(), bias, y.data());
+    if (st != HEADSUM_OK) return CallFailed("project_heads_sum", st);
+    const RefProjDims d(shape);
+    return AllWithinBound(RefConcatProject(d, in.heads.data(), in.wo.data(), bias),
+                          ProjectionBound(d, AbsContributions(d, in.heads.data(), in.wo.data()),
+                                          nullptr, bias),
+                          y, YLayout(s));
+  });
+}
+
+// The seed's claim: the additive form, oneDNN's concat-then-GEMM and the
+// double reference agree (each within the bound of the exact result, so the
+// two f32 results within twice the bound of each other).
+TEST_P(ProjectHeadsSum, EqualsConcatProjectOnednnAndReference) {
+  {
+    const headsum_proj_shape shape = MhaShape{1, 1, 1, 1, 1, 1, 1, false}.proj();
+    const float one = 1;
+    float y = 0;
+    if (headsum_concat_project_onednn(&shape, &one, &one, nullptr, &y) ==
+        HEADSUM_ERR_UNSUPPORTED) {
+      GTEST_SKIP() << "built without oneDNN (HEADSUM_WITH_ONEDNN=OFF)";
+    }
+  }
+  std::vector<MhaShape> shapes;
+  for (const MhaShape& s : SmallSweepShapes()) {
+    if (!s.causal) shapes.push_back(s);
+  }
+  ForEachShape(shapes, [](const MhaShape& s, uint64_t n) {
+    const headsum_proj_shape shape = s.proj();
+    const ProjInputs in(s, 100 + n);
+    const float* bias = MaybeBias(in, n);
+    std::vector<float> y_sum = Sentinels(s.y_elems()), y_onednn = Sentinels(s.y_elems());
+    headsum_status st =
+        headsum_project_heads_sum(&shape, in.heads.data(), in.wo.data(), bias, y_sum.data());
+    if (st != HEADSUM_OK) return CallFailed("project_heads_sum", st);
+    st = headsum_concat_project_onednn(&shape, in.heads.data(), in.wo.data(), bias,
+                                       y_onednn.data());
+    if (st != HEADSUM_OK) return CallFailed("concat_project_onednn", st);
+    const RefProjDims d(shape);
+    const std::vector<double> ref = RefConcatProject(d, in.heads.data(), in.wo.data(), bias);
+    std::vector<double> bound = ProjectionBound(
+        d, AbsContributions(d, in.heads.data(), in.wo.data()), nullptr, bias);
+    auto r = AllWithinBound(ref, bound, y_sum, YLayout(s));
+    if (!r) return r << " (project_heads_sum vs reference)";
+    r = AllWithinBound(ref, bound, y_onednn, YLayout(s));
+    if (!r) return r << " (concat_project_onednn vs reference)";
+    for (double& b : bound) b *= 2;
+    r = AllWithinBound(std::vector<double>(y_onednn.begin(), y_onednn.end()), bound, y_sum,
+                       YLayout(s));
+    if (!r) return r << " (project_heads_sum vs concat_project_onednn)";
+    return r;
+  });
+}
+
+HEADSUM_INSTANTIATE_FOR_COMPILED_TARGETS(ProjectHeadsSum);
+
+// ---- project_heads_sum_ex ----------------------------------------------------------
+
+class ProjectHeadsSumEx : public TargetTest {};
+
+// y = sum_h g_h c_h + bias and per_head = c_h (ungated, no bias), with
+// random gates in [-1.5, 1.5] (every third shape: gates NULL = all 1).
+TEST_P(ProjectHeadsSumEx, EqualsGatedSumOfHeadContributions) {
+  ForEachShape(ProjectionSweepShapes(), [](const MhaShape& s, uint64_t n) {
+    const headsum_proj_shape shape = s.proj();
+    const ProjInputs in(s, 200 + n);
+    const float* bias = MaybeBias(in, n);
+    const float* gates = n % 3 == 0 ? nullptr : in.gates.data();
+    std::vector<float> y = Sentinels(s.y_elems()), per_head = Sentinels(s.per_head_elems());
+    const headsum_status st = headsum_project_heads_sum_ex(
+        &shape, in.heads.data(), in.wo.data(), bias, gates, y.data(), per_head.data());
+    if (st != HEADSUM_OK) return CallFailed("project_heads_sum_ex", st);
+    const RefProjDims d(shape);
+    const auto c = RefHeadContributions(d, in.heads.data(), in.wo.data());
+    const auto abs_c = AbsContributions(d, in.heads.data(), in.wo.data());
+    auto r = AllWithinBound(RefGatedSum(d, c, gates, bias),
+                            ProjectionBound(d, abs_c, gates, bias), y, YLayout(s));
+    if (!r) return r << " (y)";
+    r = AllWithinBound(c, ContributionBound(d, abs_c), per_head,
+                       PerHeadLayout(s, s.model_dim, 'd'));
+    if (!r) return r << " (per_head)";
+    return r;
+  });
+}
+
+HEADSUM_INSTANTIATE_FOR_COMPILED_TARGETS(ProjectHeadsSumEx);
+
+// ---- head_attribution ----------------------------------------------------------------
+
+class HeadAttribution : public TargetTest {};
+
+// out[b][s][h][r] = c_h . directions[r], with R = 1 and R = 3 alternating.
+TEST_P(HeadAttribution, EqualsContributionsDottedWithDirections) {
+  ForEachShape(ProjectionSweepShapes(), [](const MhaShape& s, uint64_t n) {
+    const int64_t R = n % 2 == 0 ? 1 : 3;
+    const headsum_proj_shape shape = s.proj();
+    const ProjInputs in(s, 300 + n);
+    const auto dirs = RandomUniform(size_t(R * s.model_dim), -1.0f, 1.0f, 8 * (300 + n) + 5);
+    std::vector<float> out = Sentinels(size_t(s.batch * s.seq_q * s.heads * R));
+    const headsum_status st = headsum_head_attribution(&shape, in.heads.data(), in.wo.data(),
+                                                       dirs.data(), R, out.data());
+    if (st != HEADSUM_OK) return CallFailed("head_attribution", st);
+    const RefProjDims d(shape);
+    const auto c = RefHeadContributions(d, in.heads.data(), in.wo.data());
+    return AllWithinBound(RefAttribution(d, c, dirs.data(), R),
+                          AttributionBound(d, in.heads.data(), in.wo.data(), dirs.data(), R), out,
+                          PerHeadLayout(s, R, 'r'));
+  });
+}
+
+HEADSUM_INSTANTIATE_FOR_COMPILED_TARGETS(HeadAttribution);
+
+// ---- head_contribution_norms -------------------------------------------------------
+
+class HeadContributionNorms : public TargetTest {};
+
+TEST_P(HeadContributionNorms, EqualsNormsOfHeadContributions) {
+  ForEachShape(ProjectionSweepShapes(), [](const MhaShape& s, uint64_t n) {
+    const headsum_proj_shape shape = s.proj();
+    const ProjInputs in(s, 400 + n);
+    std::vector<float> out = Sentinels(size_t(s.batch * s.seq_q * s.heads));
+    const headsum_status st =
+        headsum_head_contribution_norms(&shape, in.heads.data(), in.wo.data(), out.data());
+    if (st != HEADSUM_OK) return CallFailed("head_contribution_norms", st);
+    const RefProjDims d(shape);
+    const auto c = RefHeadContributions(d, in.heads.data(), in.wo.data());
+    const auto abs_c = AbsContributions(d, in.heads.data(), in.wo.data());
+    return AllWithinBound(RefContributionNorms(d, c), ContributionNormsBound(d, c, abs_c), out,
+                          PerHeadLayout(s, 1, '-'));
+  });
+}
+
+HEADSUM_INSTANTIATE_FOR_COMPILED_TARGETS(HeadContributionNorms);
+
+}  // namespace
+}  // namespace headsum_test
