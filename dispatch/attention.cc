@@ -13,6 +13,7 @@
 #include "dispatch/ops.h"
 #include "dispatch/targets.h"
 #include "dispatch/threads.h"
+#include "hwy/aligned_allocator.h"
 
 namespace headsum {
 HWY_EXPORT(QDotKRows);
@@ -21,6 +22,8 @@ HWY_EXPORT(SoftmaxWeightedSumVRows);
 HWY_EXPORT(SoftmaxVScratch);
 HWY_EXPORT(FlashAttentionRows);
 HWY_EXPORT(AttentionScratch);
+HWY_EXPORT(PartialFloats);
+HWY_EXPORT(MergeKeySplits);
 
 namespace dispatch {
 namespace {
@@ -72,17 +75,46 @@ headsum_status SoftmaxV(const AttnDims& a, const float* scores, const float* v, 
                        });
 }
 
+// Keys per split when one query block cannot keep the threads busy (decode):
+// a fixed length, so the split, and with it the result, depends on the shape
+// alone, never on the thread count.
+constexpr size_t kKeySplit = 512;
+
 headsum_status Attention(const AttnDims& a, const float* q, const float* k, const float* v,
                          float* out) {
   const size_t t = TableIndex(ActiveTarget());
   const auto kernel = HWY_DISPATCH_TABLE(FlashAttentionRows)[t];
+  const size_t scratch = HWY_DISPATCH_TABLE(AttentionScratch)[t](a);
   const RowBlocks blocks{a, kAttentionQueryBlock};
-  return ParallelItems(blocks.count(), HWY_DISPATCH_TABLE(AttentionScratch)[t](a),
-                       [&](size_t item, float* scratch) {
-                         blocks.Run(item, [&](size_t b, size_t h, size_t i0, size_t i1) {
-                           kernel(a, q, k, v, out, b, h, i0, i1, scratch);
-                         });
-                       });
+  const size_t splits = a.seq_q <= kAttentionQueryBlock && a.seq_kv >= 2 * kKeySplit
+                            ? (a.seq_kv + kKeySplit - 1) / kKeySplit : 1;
+  if (splits == 1) {
+    return ParallelItems(blocks.count(), scratch, [&](size_t item, float* scratch) {
+      blocks.Run(item, [&](size_t b, size_t h, size_t i0, size_t i1) {
+        kernel(a, q, k, v, out, b, h, i0, i1, 0, a.seq_kv, nullptr, scratch);
+      });
+    });
+  }
+  // One query block per head: split its keys, then merge the partials in
+  // key order.  partials: [B*H][splits][Sq][L + 2].
+  const size_t per_split = a.seq_q * HWY_DISPATCH_TABLE(PartialFloats)[t](a);
+  hwy::AlignedFreeUniquePtr<float[]> partials =
+      hwy::AllocateAligned<float>(a.batch * a.heads * splits * per_split);
+  if (!partials) return HEADSUM_ERR_OUT_OF_MEMORY;
+  const size_t heads = a.batch * a.heads;
+  if (headsum_status s = ParallelItems(heads * splits, scratch, [&](size_t item, float* scratch) {
+        const size_t bh = item / splits, c = item % splits;
+        const size_t key_end = HWY_MIN((c + 1) * kKeySplit, a.seq_kv);
+        kernel(a, q, k, v, out, bh / a.heads, bh % a.heads, 0, a.seq_q, c * kKeySplit, key_end,
+               partials.get() + item * per_split, scratch);
+      })) {
+    return s;
+  }
+  const auto merge = HWY_DISPATCH_TABLE(MergeKeySplits)[t];
+  return ParallelItems(heads, 0, [&](size_t bh, float*) {
+    merge(a, partials.get() + bh * splits * per_split, splits, out, bh / a.heads, bh % a.heads,
+          0, a.seq_q);
+  });
 }
 
 }  // namespace dispatch

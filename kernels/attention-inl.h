@@ -54,11 +54,19 @@ inline FlashScratch CarveFlashScratch(const AttnDims& a, float* scratch) {
   return f;
 }
 
-// Query rows [i0, i1) of head (b, h), i1 - i0 <= kQueryBlock.
+// Per query row, what a range of keys leaves behind when the keys are split
+// across work items: the unnormalized output, the max and the denominator.
+inline size_t PartialFloats(const AttnDims& a) { return a.head_dim + 2; }
+
+// Query rows [i0, i1) of head (b, h), i1 - i0 <= kQueryBlock, over keys
+// [key_begin, key_end).  With partial == nullptr the rows are final and go
+// to out; otherwise each row's (acc[L], m, l) goes to partial[r] for
+// MergeKeySplits.
 inline void FlashAttentionRows(const AttnDims& a, const float* HWY_RESTRICT q,
                                const float* HWY_RESTRICT k, const float* HWY_RESTRICT v,
                                float* HWY_RESTRICT out, size_t b, size_t h, size_t i0,
-                               size_t i1, float* HWY_RESTRICT scratch) {
+                               size_t i1, size_t key_begin, size_t key_end,
+                               float* HWY_RESTRICT partial, float* HWY_RESTRICT scratch) {
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   const size_t L = a.head_dim, Skv = a.seq_kv, rows = i1 - i0;
   const size_t g = h / a.group();
@@ -73,8 +81,9 @@ inline void FlashAttentionRows(const AttnDims& a, const float* HWY_RESTRICT q,
   Fill(f.m, rows, kNegInf);
   Fill(f.l, rows, 0.0f);
 
-  const size_t keys_needed = a.visible_keys(i1 - 1);
-  for (size_t j0 = 0; j0 < keys_needed; j0 += kKeyTile) {
+  const size_t last_visible = a.visible_keys(i1 - 1);
+  const size_t keys_needed = last_visible < key_end ? last_visible : key_end;
+  for (size_t j0 = key_begin; j0 < keys_needed; j0 += kKeyTile) {
     const size_t nj = keys_needed - j0 < kKeyTile ? keys_needed - j0 : kKeyTile;
     Transpose(k_g + j0 * L, nj, L, L, f.k_t, kKeyTile);
 
@@ -118,6 +127,17 @@ inline void FlashAttentionRows(const AttnDims& a, const float* HWY_RESTRICT q,
            });
   }
 
+  if (partial != nullptr) {
+    const size_t stride = PartialFloats(a);
+    for (size_t r = 0; r < rows; ++r) {
+      float* HWY_RESTRICT rec = partial + r * stride;
+      const float* HWY_RESTRICT acc_r = f.acc + r * L;
+      ForEachVector(L, [&](auto d, size_t c) { hn::StoreU(hn::LoadU(d, acc_r + c), d, rec + c); });
+      rec[L] = f.m[r];
+      rec[L + 1] = f.l[r];
+    }
+    return;
+  }
   // O = acc / l; rows that saw no key give zeros.
   for (size_t r = 0; r < rows; ++r) {
     const float inv = f.l[r] > 0.0f ? 1.0f / f.l[r] : 0.0f;
@@ -126,6 +146,36 @@ inline void FlashAttentionRows(const AttnDims& a, const float* HWY_RESTRICT q,
     ForEachVector(L, [&](auto d, size_t c) {
       hn::StoreU(hn::Mul(hn::LoadU(d, acc_r + c), hn::Set(d, inv)), d, o_r + c);
     });
+  }
+}
+
+// Combines the partials of `splits` key ranges (in their order, so the result
+// does not depend on which thread ran which range) into rows [i0, i1):
+//   M = max_c m_c,  O = sum_c exp(m_c - M) acc_c / sum_c exp(m_c - M) l_c
+// partials: [splits][i1 - i0][PartialFloats()].
+inline void MergeKeySplits(const AttnDims& a, const float* HWY_RESTRICT partials,
+                           size_t splits, float* HWY_RESTRICT out, size_t b, size_t h,
+                           size_t i0, size_t i1) {
+  const size_t L = a.head_dim, rows = i1 - i0, stride = PartialFloats(a);
+  float* HWY_RESTRICT o_blk = out + ((b * a.heads + h) * a.seq_q + i0) * L;
+  for (size_t r = 0; r < rows; ++r) {
+    float m_all = -std::numeric_limits<float>::infinity();
+    for (size_t c = 0; c < splits; ++c) m_all = HWY_MAX(m_all, partials[(c * rows + r) * stride + L]);
+    float* HWY_RESTRICT o_r = o_blk + r * L;
+    Fill(o_r, L, 0.0f);
+    if (m_all == -std::numeric_limits<float>::infinity()) continue;  // saw no key
+    float l_all = 0.0f;
+    for (size_t c = 0; c < splits; ++c) {
+      const float* HWY_RESTRICT rec = partials + (c * rows + r) * stride;
+      if (rec[L] == -std::numeric_limits<float>::infinity()) continue;
+      const float weight = std::exp(rec[L] - m_all);
+      l_all += weight * rec[L + 1];
+      ForEachVector(L, [&](auto d, size_t i) {
+        hn::StoreU(hn::MulAdd(hn::Set(d, weight), hn::LoadU(d, rec + i), hn::LoadU(d, o_r + i)),
+                   d, o_r + i);
+      });
+    }
+    ScaleRow(o_r, L, 1.0f / l_all);
   }
 }
 

@@ -39,6 +39,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <dnnl.hpp>
 #include <limits>
 #include <map>
 #include <memory>
@@ -48,8 +49,6 @@
 #include <unordered_map>
 #include <utility>
 #include <vector>
-
-#include <dnnl.hpp>
 
 #if defined(_OPENMP)
 #include <omp.h>
@@ -215,8 +214,14 @@ int64_t Batches(const AttnDims& a) { return static_cast<int64_t>(a.batch * a.kv_
 int64_t GroupRows(const AttnDims& a) { return static_cast<int64_t>(a.group() * a.seq_q); }
 
 std::shared_ptr<const Mask> CausalMask(const AttnDims& a) {
-  const ShapeCache<Mask>::Key key{Batches(a), GroupRows(a), static_cast<int64_t>(a.seq_q),
-                                  static_cast<int64_t>(a.seq_kv), 0, 0, 0, 0};
+  const ShapeCache<Mask>::Key key{Batches(a),
+                                  GroupRows(a),
+                                  static_cast<int64_t>(a.seq_q),
+                                  static_cast<int64_t>(a.seq_kv),
+                                  0,
+                                  0,
+                                  0,
+                                  0};
   return MaskCache().GetOrCreate(key, [&] {
     auto mask = std::make_shared<Mask>();
     const size_t rows = a.batch * a.heads * a.seq_q;  // = Batches * GroupRows
@@ -254,8 +259,8 @@ std::shared_ptr<const Prim> ProjectPrim(const ProjDims& p, bool has_bias) {
     const dnnl::primitive_attr attr = UserScratchpadAttr();
     if (has_bias) {
       const memory::desc bias({1, d}, kF32, Tag::ab);
-      return MakePrim<dnnl::matmul>(dnnl::matmul::primitive_desc(dnnl::matmul::desc(src, wei, bias, dst), attr,
-                                                   CpuEngine()));
+      return MakePrim<dnnl::matmul>(
+          dnnl::matmul::primitive_desc(dnnl::matmul::desc(src, wei, bias, dst), attr, CpuEngine()));
     }
     return MakePrim<dnnl::matmul>(
         dnnl::matmul::primitive_desc(dnnl::matmul::desc(src, wei, dst), attr, CpuEngine()));
@@ -274,8 +279,8 @@ std::shared_ptr<const Prim> QkPrim(const AttnDims& a) {
   int64_t scale_bits = 0;
   static_assert(sizeof(float) == 4, "f32");
   std::memcpy(&scale_bits, &a.scale, sizeof(float));
-  const ShapeCache<Prim>::Key key{kQk, batches, rows, skv, l, scale_bits, masked,
-                                  ScopedThreads::Current()};
+  const ShapeCache<Prim>::Key key{kQk, batches,    rows,   skv,
+                                  l,   scale_bits, masked, ScopedThreads::Current()};
   return PrimCache().GetOrCreate(key, [&] {
     const memory::desc q({batches, rows, l}, kF32, Tag::abc);
     // K [B*Hkv][Skv][L] read as K^T [B*Hkv][L][Skv]: strides, no copy.
@@ -288,7 +293,8 @@ std::shared_ptr<const Prim> QkPrim(const AttnDims& a) {
       ops.append_binary(dnnl::algorithm::binary_add, s);  // full-size: see top
       attr.set_post_ops(ops);
     }
-    return MakePrim<dnnl::matmul>(dnnl::matmul::primitive_desc(dnnl::matmul::desc(q, kt, s), attr, CpuEngine()));
+    return MakePrim<dnnl::matmul>(
+        dnnl::matmul::primitive_desc(dnnl::matmul::desc(q, kt, s), attr, CpuEngine()));
   });
 }
 
@@ -314,8 +320,8 @@ std::shared_ptr<const Prim> PvPrim(const AttnDims& a) {
     const memory::desc p = ScoresDesc(a);
     const memory::desc v({batches, skv, l}, kF32, Tag::abc);
     const memory::desc o({batches, rows, l}, kF32, Tag::abc);
-    return MakePrim<dnnl::matmul>(
-        dnnl::matmul::primitive_desc(dnnl::matmul::desc(p, v, o), UserScratchpadAttr(), CpuEngine()));
+    return MakePrim<dnnl::matmul>(dnnl::matmul::primitive_desc(dnnl::matmul::desc(p, v, o),
+                                                               UserScratchpadAttr(), CpuEngine()));
   });
 }
 
@@ -331,16 +337,36 @@ memory Wrap(const memory::desc& md, const void* data) {
 void Execute(const Prim& prim, std::unordered_map<int, memory> args) {
   dnnl::stream stream(CpuEngine());
   void* pad = Scratch().pad.Get(prim.scratchpad_bytes);
-  args.emplace(DNNL_ARG_SCRATCHPAD,
-               Wrap(memory::desc({static_cast<int64_t>(prim.scratchpad_bytes)},
-                                 memory::data_type::u8, Tag::a),
-                    pad));
+  args.emplace(DNNL_ARG_SCRATCHPAD, Wrap(memory::desc({static_cast<int64_t>(prim.scratchpad_bytes)},
+                                                      memory::data_type::u8, Tag::a),
+                                         pad));
   prim.prim.execute(stream, args);
   stream.wait();
 }
 
-void RunQk(const AttnDims& a, const float* q, const float* k, float* s) {
-  const std::shared_ptr<const Prim> prim = QkPrim(a);
+// The primitives (and mask) of the attention steps at one shape, created
+// before anything runs so that a failure (out of memory, no implementation)
+// leaves the caller's output untouched.
+struct AttnPrims {
+  std::shared_ptr<const Prim> qk, softmax, pv;
+  std::shared_ptr<const Mask> mask;  // null when the mask hides nothing
+};
+
+AttnPrims GetAttnPrims(const AttnDims& a, bool qk, bool softmax_v) {
+  AttnPrims prims;
+  if (qk) {
+    prims.qk = QkPrim(a);
+    if (MaskHidesSomething(a)) prims.mask = CausalMask(a);
+  }
+  if (softmax_v) {
+    prims.softmax = SoftmaxPrim(a);
+    prims.pv = PvPrim(a);
+  }
+  return prims;
+}
+
+// s = scale * Q K^T (+ mask).
+void RunQk(const AttnPrims& prims, const AttnDims& a, const float* q, const float* k, float* s) {
   const int64_t batches = Batches(a), rows = GroupRows(a);
   const int64_t skv = static_cast<int64_t>(a.seq_kv), l = static_cast<int64_t>(a.head_dim);
   const memory::desc s_md = ScoresDesc(a);
@@ -348,19 +374,17 @@ void RunQk(const AttnDims& a, const float* q, const float* k, float* s) {
       {DNNL_ARG_SRC, Wrap(memory::desc({batches, rows, l}, kF32, Tag::abc), q)},
       {DNNL_ARG_WEIGHTS, Wrap(memory::desc({batches, l, skv}, kF32, Dims{skv * l, 1, l}), k)},
       {DNNL_ARG_DST, Wrap(s_md, s)}};
-  std::shared_ptr<const Mask> mask;  // held until the execution is done
-  if (MaskHidesSomething(a)) {
-    mask = CausalMask(a);
+  if (prims.mask) {
     args.emplace(DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1,
-                 Wrap(s_md, mask->values.data()));
+                 Wrap(s_md, prims.mask->values.data()));
   }
-  Execute(*prim, std::move(args));
+  Execute(*prims.qk, std::move(args));
 }
 
 // p = softmax(s) row-wise (s == p allowed).  A row of s that is -inf
-// throughout becomes NaN in oneDNN's softmax; the contract says zeros.
-void RunSoftmax(const AttnDims& a, const float* s, float* p) {
-  const std::shared_ptr<const Prim> prim = SoftmaxPrim(a);
+// throughout becomes NaN in oneDNN's softmax; the contract says zeros, so
+// such rows of p are set to 0 afterwards (and their rows of O come out 0).
+void RunSoftmax(const AttnPrims& prims, const AttnDims& a, const float* s, float* p) {
   const int64_t rows = static_cast<int64_t>(a.batch * a.heads * a.seq_q);
   const int64_t cols = static_cast<int64_t>(a.seq_kv);
   const memory::desc md({rows, cols}, kF32, Tag::ab);
@@ -375,17 +399,31 @@ void RunSoftmax(const AttnDims& a, const float* s, float* p) {
       empty_rows.push_back(r);
     }
   }
-  Execute(*prim, {{DNNL_ARG_SRC, Wrap(md, s)}, {DNNL_ARG_DST, Wrap(md, p)}});
+  Execute(*prims.softmax, {{DNNL_ARG_SRC, Wrap(md, s)}, {DNNL_ARG_DST, Wrap(md, p)}});
   for (const int64_t r : empty_rows) std::fill(p + r * cols, p + (r + 1) * cols, 0.0f);
 }
 
-void RunPv(const AttnDims& a, const float* p, const float* v, float* out) {
-  const std::shared_ptr<const Prim> prim = PvPrim(a);
+// out = p V.
+void RunPv(const AttnPrims& prims, const AttnDims& a, const float* p, const float* v, float* out) {
   const int64_t batches = Batches(a), rows = GroupRows(a);
   const int64_t skv = static_cast<int64_t>(a.seq_kv), l = static_cast<int64_t>(a.head_dim);
-  Execute(*prim, {{DNNL_ARG_SRC, Wrap(ScoresDesc(a), p)},
-                  {DNNL_ARG_WEIGHTS, Wrap(memory::desc({batches, skv, l}, kF32, Tag::abc), v)},
-                  {DNNL_ARG_DST, Wrap(memory::desc({batches, rows, l}, kF32, Tag::abc), out)}});
+  Execute(*prims.pv, {{DNNL_ARG_SRC, Wrap(ScoresDesc(a), p)},
+                      {DNNL_ARG_WEIGHTS, Wrap(memory::desc({batches, skv, l}, kF32, Tag::abc), v)},
+                      {DNNL_ARG_DST, Wrap(memory::desc({batches, rows, l}, kF32, Tag::abc), out)}});
+}
+
+// This thread's last failure, for LastErrorDetail().
+std::string& ErrorDetail() {
+  thread_local std::string detail;
+  return detail;
+}
+// Records a failure; never throws (it runs inside catch blocks).
+void SetErrorDetail(const char* prefix, const char* what) noexcept {
+  try {
+    ErrorDetail() = std::string(prefix) + what;
+  } catch (...) {
+    ErrorDetail().clear();
+  }
 }
 
 // Every entry point converts exceptions to a status: nothing escapes the C API.
@@ -396,12 +434,16 @@ headsum_status Guarded(int num_threads, Body&& body) {
     body();
     return HEADSUM_OK;
   } catch (const std::bad_alloc&) {
+    SetErrorDetail("", "out of memory");
     return HEADSUM_ERR_OUT_OF_MEMORY;
   } catch (const dnnl::error& e) {
+    SetErrorDetail("oneDNN: ", e.what());
     return e.status == dnnl_out_of_memory ? HEADSUM_ERR_OUT_OF_MEMORY : HEADSUM_ERR_INTERNAL;
-  } catch (const std::exception&) {
+  } catch (const std::exception& e) {
+    SetErrorDetail("", e.what());
     return HEADSUM_ERR_INTERNAL;
   } catch (...) {
+    SetErrorDetail("", "unknown exception");
     return HEADSUM_ERR_INTERNAL;
   }
 }
@@ -439,12 +481,16 @@ headsum_status ConcatProject(const ProjDims& p, const float* heads, const float*
 
 headsum_status QkScores(const AttnDims& a, const float* q, const float* k, float* scores,
                         int num_threads) {
-  return Guarded(num_threads, [&] { RunQk(a, q, k, scores); });
+  return Guarded(num_threads, [&] {
+    const AttnPrims prims = GetAttnPrims(a, /*qk=*/true, /*softmax_v=*/false);
+    RunQk(prims, a, q, k, scores);
+  });
 }
 
 headsum_status SoftmaxV(const AttnDims& a, const float* scores, const float* v, float* out,
                         int num_threads) {
   return Guarded(num_threads, [&] {
+    const AttnPrims prims = GetAttnPrims(a, /*qk=*/false, /*softmax_v=*/true);
     const size_t cols = a.seq_kv;
     const size_t rows = a.batch * a.heads * a.seq_q;
     float* p = Scratch().data.Floats(rows * cols);
@@ -462,18 +508,19 @@ headsum_status SoftmaxV(const AttnDims& a, const float* scores, const float* v, 
       }
       src = p;  // softmax in place
     }
-    RunSoftmax(a, src, p);
-    RunPv(a, p, v, out);
+    RunSoftmax(prims, a, src, p);
+    RunPv(prims, a, p, v, out);
   });
 }
 
 headsum_status Attention(const AttnDims& a, const float* q, const float* k, const float* v,
                          float* out, int num_threads) {
   return Guarded(num_threads, [&] {
+    const AttnPrims prims = GetAttnPrims(a, /*qk=*/true, /*softmax_v=*/true);
     float* s = Scratch().data.Floats(a.batch * a.heads * a.seq_q * a.seq_kv);
-    RunQk(a, q, k, s);
-    RunSoftmax(a, s, s);
-    RunPv(a, s, v, out);
+    RunQk(prims, a, q, k, s);
+    RunSoftmax(prims, a, s, s);
+    RunPv(prims, a, s, v, out);
   });
 }
 
@@ -486,6 +533,8 @@ std::string DescribeImpls(const AttnDims& a, const ProjDims& p, int num_threads)
     return std::string("error: ") + e.what();
   }
 }
+
+const char* LastErrorDetail() { return ErrorDetail().c_str(); }
 
 }  // namespace onednn
 }  // namespace headsum

@@ -31,6 +31,10 @@ headsum_status Attention(const AttnDims& a, const float* q, const float* k, cons
 // For benchmark context; creates (and caches) the primitives; never throws.
 std::string DescribeImpls(const AttnDims& a, const ProjDims& p, int num_threads);
 
+// What this thread's last failing call above caught (oneDNN's message, "out
+// of memory", ...), for headsum_last_error(); valid until the next failure.
+const char* LastErrorDetail();
+
 }  // namespace onednn
 }  // namespace headsum
 
