@@ -129,8 +129,7 @@ const ProjCall kProjectHeadsum = [](const headsum_proj_shape* s, ProjBuffers& b)
   return headsum_project_heads_sum(s, b.heads.data(), b.wo.data(), b.bias.data(), b.y.data());
 };
 const ProjCall kProjectOnednn = [](const headsum_proj_shape* s, ProjBuffers& b) {
-  return headsum_concat_project_onednn(s, b.heads.data(), b.wo.data(), b.bias.data(),
-                                       b.y.data());
+  return headsum_concat_project_onednn(s, b.heads.data(), b.wo.data(), b.bias.data(), b.y.data());
 };
 
 // ---------------------------------------------------------------------------
@@ -139,12 +138,17 @@ const ProjCall kProjectOnednn = [](const headsum_proj_shape* s, ProjBuffers& b) 
 // The public shape with defaults resolved, as dispatch resolves them.
 AttnDims Resolve(const headsum_attn_shape& s) {
   const int64_t kv_heads = s.kv_heads == 0 ? s.heads : s.kv_heads;
-  const float scale =
-      s.scale != 0.0f ? s.scale : 1.0f / std::sqrt(static_cast<float>(s.head_dim));
-  return AttnDims{static_cast<size_t>(s.batch),    static_cast<size_t>(s.heads),
-                  static_cast<size_t>(kv_heads),   static_cast<size_t>(s.seq_q),
-                  static_cast<size_t>(s.seq_kv),   static_cast<size_t>(s.head_dim),
-                  scale,                           s.causal != 0};
+  const float scale = s.scale != 0.0f
+                          ? s.scale
+                          : static_cast<float>(1.0 / std::sqrt(static_cast<double>(s.head_dim)));
+  return AttnDims{static_cast<size_t>(s.batch),
+                  static_cast<size_t>(s.heads),
+                  static_cast<size_t>(kv_heads),
+                  static_cast<size_t>(s.seq_q),
+                  static_cast<size_t>(s.seq_kv),
+                  static_cast<size_t>(s.head_dim),
+                  scale,
+                  s.causal != 0};
 }
 
 // Entries of S per (batch, head): all of them, and those the mask leaves.
@@ -173,8 +177,8 @@ class LoopTimer {
 
 // Sets GFLOP/s, visible_GFLOP/s (causal) and pct_peak from the flops of one
 // iteration and the loop's wall time.
-void SetFlopCounters(benchmark::State& state, double seconds, double flops,
-                     double visible_flops, bool report_visible, int threads) {
+void SetFlopCounters(benchmark::State& state, double seconds, double flops, double visible_flops,
+                     bool report_visible, int threads) {
   if (state.error_occurred() || seconds <= 0 || state.iterations() == 0) return;
   const double per_second = static_cast<double>(state.iterations()) / seconds;
   const double gflops = flops * per_second * 1e-9;
@@ -186,8 +190,8 @@ void SetFlopCounters(benchmark::State& state, double seconds, double flops,
 }
 
 std::string StatusMessage(const char* what, headsum_status status) {
-  return std::string(what) + " returned status " + std::to_string(static_cast<int>(status)) +
-         ": " + headsum_last_error();
+  return std::string(what) + " returned status " + std::to_string(static_cast<int>(status)) + ": " +
+         headsum_last_error();
 }
 
 bool SetThreads(benchmark::State& state, int threads) {
@@ -246,8 +250,8 @@ void RunAttn(benchmark::State& state, const AttnKernel& kernel, bool onednn,
   }
   const double per_entry = kernel.flops_per_mac * static_cast<double>(a.batch * a.heads) *
                            static_cast<double>(a.head_dim);
-  SetFlopCounters(state, timer.Seconds(), per_entry * AllEntries(a),
-                  per_entry * VisibleEntries(a), a.causal, threads);
+  SetFlopCounters(state, timer.Seconds(), per_entry * AllEntries(a), per_entry * VisibleEntries(a),
+                  a.causal, threads);
 }
 
 void RunProject(benchmark::State& state, bool onednn, headsum_proj_shape shape, int threads) {
@@ -299,10 +303,10 @@ std::string AttnName(const AttnKernel& kernel, bool onednn, const headsum_attn_s
 }
 
 std::string ProjName(bool onednn, const headsum_proj_shape& s, int threads) {
-  return std::string("BM_project_heads_sum/") + ImplName(onednn) +
-         "/B:" + std::to_string(s.batch) + "/S:" + std::to_string(s.seq) +
-         "/H:" + std::to_string(s.heads) + "/L:" + std::to_string(s.head_dim) +
-         "/D:" + std::to_string(s.model_dim) + "/threads:" + std::to_string(threads);
+  return std::string("BM_project_heads_sum/") + ImplName(onednn) + "/B:" + std::to_string(s.batch) +
+         "/S:" + std::to_string(s.seq) + "/H:" + std::to_string(s.heads) +
+         "/L:" + std::to_string(s.head_dim) + "/D:" + std::to_string(s.model_dim) +
+         "/threads:" + std::to_string(threads);
 }
 
 headsum_attn_shape AttnShape(int64_t seq_q, int64_t seq_kv, bool causal) {
@@ -383,8 +387,7 @@ void AddContext(const Peak& peak) {
     const std::string key = "onednn_impls_threads:" + std::to_string(threads);
     const std::string impls = onednn::DescribeImpls(causal_dims, proj, threads);
     benchmark::AddCustomContext(key + "_S:512_causal:1", impls);
-    benchmark::AddCustomContext(key + "_decode",
-                                onednn::DescribeImpls(decode_dims, proj, threads));
+    benchmark::AddCustomContext(key + "_decode", onednn::DescribeImpls(decode_dims, proj, threads));
     if (impls.find("ref:") != std::string::npos) {
       std::fprintf(stderr, "warning: oneDNN falls back to a reference implementation: %s\n",
                    impls.c_str());

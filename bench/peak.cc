@@ -39,9 +39,9 @@ double FmaChains(size_t reps, float* sink) {
     a10 = hn::MulAdd(a10, m, c);
     a11 = hn::MulAdd(a11, m, c);
   }
-  const auto sum = hn::Add(hn::Add(hn::Add(hn::Add(a0, a1), hn::Add(a2, a3)),
-                                   hn::Add(hn::Add(a4, a5), hn::Add(a6, a7))),
-                           hn::Add(hn::Add(a8, a9), hn::Add(a10, a11)));
+  const auto sum = hn::Add(
+      hn::Add(hn::Add(hn::Add(a0, a1), hn::Add(a2, a3)), hn::Add(hn::Add(a4, a5), hn::Add(a6, a7))),
+      hn::Add(hn::Add(a8, a9), hn::Add(a10, a11)));
   *sink = hn::GetLane(sum);
   return 2.0 * 12.0 * static_cast<double>(hn::Lanes(d)) * static_cast<double>(reps);
 }

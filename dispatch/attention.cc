@@ -28,7 +28,10 @@ HWY_EXPORT(MergeKeySplits);
 namespace dispatch {
 namespace {
 
-// Query rows per work item of the unfused kernels.
+// Query rows per work item of qk_scores: each item packs K^T once per key
+// panel, so many rows amortize the packing.
+constexpr size_t kScoreRowBlock = 256;
+// Query rows per work item of softmax_v.
 constexpr size_t kRowBlock = 64;
 
 // Work items (b, h, row block), most expensive first: under a causal mask
@@ -54,7 +57,7 @@ struct RowBlocks {
 headsum_status QkScores(const AttnDims& a, const float* q, const float* k, float* scores) {
   const size_t t = TableIndex(ActiveTarget());
   const auto kernel = HWY_DISPATCH_TABLE(QDotKRows)[t];
-  const RowBlocks blocks{a, kRowBlock};
+  const RowBlocks blocks{a, kScoreRowBlock};
   return ParallelItems(blocks.count(), HWY_DISPATCH_TABLE(QkScoresScratch)[t](a),
                        [&](size_t item, float* scratch) {
                          blocks.Run(item, [&](size_t b, size_t h, size_t i0, size_t i1) {
