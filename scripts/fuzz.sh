@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer harness over the C API with clang
+# (-fsanitize=fuzzer,address,undefined) and runs it for a bounded time
+# (default 60 s) from the seed corpus in tests/fuzz/corpus.  Any finding
+# (a crash, a sanitizer report, a broken contract) fails the script.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install-deps.sh clang libclang-rt-14-dev
+seconds=${1:-60}
+build=${HEADSUM_FUZZ_BUILD_DIR:-build-fuzz}
+CC=clang CXX=clang++ cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DHEADSUM_BUILD_FUZZ=ON -DHEADSUM_SANITIZE=address,undefined \
+  -DHEADSUM_WITH_OPENMP=OFF -DHEADSUM_WITH_ONEDNN=OFF \
+  -DHEADSUM_BUILD_TESTS=OFF -DHEADSUM_BUILD_BENCH=OFF -DHEADSUM_BUILD_EXAMPLES=OFF
+cmake --build "$build" -j"$(nproc)" --target headsum_api_fuzzer
+work=$(mktemp -d)
+cp tests/fuzz/corpus/* "$work/"
+"$build/tests/fuzz/headsum_api_fuzzer" -max_total_time="$seconds" -print_final_stats=1 \
+  -timeout=10 -rss_limit_mb=4096 "$work" 2>&1 | tee "$build/fuzz.log" | grep -E "^(#[0-9]+ +DONE|Done|stat::|FINDING|==[0-9]+==ERROR|SUMMARY)" || true
+test "${PIPESTATUS[0]}" -eq 0
+rm -rf "$work"
