@@ -150,14 +150,21 @@ HWY_INLINE void ScaleRow(float* HWY_RESTRICT x, size_t n, float factor) {
   });
 }
 
-// max_i x[i]; -inf for n = 0.
+// max_i x[i]; -inf for n = 0 or a row of -inf.  The lanes are reduced by
+// hand: EMU128's MaxOfLanes starts from -FLT_MAX, which would turn a row of
+// -inf (fully masked) into a finite max.
 HWY_INLINE float RowMax(const float* HWY_RESTRICT x, size_t n) {
   const hn::ScalableTag<float> d;
   const size_t N = hn::Lanes(d);
-  auto m = hn::Set(d, -std::numeric_limits<float>::infinity());
+  float best = -std::numeric_limits<float>::infinity();
   size_t i = 0;
-  for (; i + N <= n; i += N) m = hn::Max(m, hn::LoadU(d, x + i));
-  float best = hn::GetLane(hn::MaxOfLanes(d, m));
+  if (n >= N) {
+    auto m = hn::LoadU(d, x);
+    for (i = N; i + N <= n; i += N) m = hn::Max(m, hn::LoadU(d, x + i));
+    HWY_ALIGN float lanes[HWY_MAX_BYTES / sizeof(float)];
+    hn::Store(m, d, lanes);
+    for (size_t j = 0; j < N; ++j) best = lanes[j] > best ? lanes[j] : best;
+  }
   for (; i < n; ++i) best = x[i] > best ? x[i] : best;
   return best;
 }

@@ -79,7 +79,10 @@ std::vector<double> SoftmaxVBoundImpl(const RefAttnDims& d, const std::vector<do
         double z = 0.0;
         for (int64_t j = 0; j < d.seq_kv; ++j) {
           const double s = scores[d.s_at(b, h, i, j)];
-          p[j] = (d.visible(i, j) && s != kMinusInf) ? std::exp(s - m) : 0.0;
+          p[j] = 0.0;
+          delta[j] = 0.0;
+          if (!d.visible(i, j) || s == kMinusInf) continue;  // weight exactly 0
+          p[j] = std::exp(s - m);
           z += p[j];
           double dj = kExpRelErr + 2 * kEps * (std::fabs(s) + std::fabs(m));
           if (!score_err.empty()) dj += score_err[d.s_at(b, h, i, j)];

@@ -16,7 +16,6 @@ namespace headsum_test {
 namespace {
 
 using headsum_shapes::ProjectionSweepShapes;
-using headsum_shapes::SeedShape;
 using headsum_shapes::SmallSweepShapes;
 
 // Inputs of one projection: O [B][H][S][L], Wo [H*L][D], bias [D], gates [H].

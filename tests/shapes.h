@@ -124,11 +124,16 @@ inline std::vector<size_t> BalancedShuffle(size_t n_values, size_t length, uint3
 }
 }  // namespace detail
 
-// The seed (causal off and on), then every (Sq, Skv) pair x causal off/on
-// (2 + 8*8*2 = 130 shapes).
+// Draws of the other parameters per (Sq, Skv, causal) triple.
+constexpr size_t kDrawsPerSeqPair = 2;
+
+// The seed (causal off and on), then every (Sq, Skv) pair x causal off/on,
+// kDrawsPerSeqPair times with different batch, heads, head_dim and model_dim
+// (2 + 8*8*2*2 = 258 shapes).
 inline std::vector<MhaShape> SweepShapes() {
   const auto& seqs = kSeqLens();
-  const size_t n = seqs.size() * seqs.size() * 2;
+  const size_t per_draw = seqs.size() * seqs.size() * 2;
+  const size_t n = per_draw * kDrawsPerSeqPair;
   const auto batch_idx = detail::BalancedShuffle(kBatches().size(), n, 11);
   const auto heads_idx = detail::BalancedShuffle(kHeadConfigs().size(), n, 23);
   const auto dim_idx = detail::BalancedShuffle(kHeadDims().size(), n, 37);
@@ -136,10 +141,11 @@ inline std::vector<MhaShape> SweepShapes() {
 
   std::vector<MhaShape> shapes = {SeedShape(false), SeedShape(true)};
   for (size_t q = 0; q < n; ++q) {
+    const size_t in_draw = q % per_draw;
     MhaShape s;
-    s.seq_q = seqs[q / (2 * seqs.size())];
-    s.seq_kv = seqs[(q / 2) % seqs.size()];
-    s.causal = (q % 2) == 1;
+    s.seq_q = seqs[in_draw / (2 * seqs.size())];
+    s.seq_kv = seqs[(in_draw / 2) % seqs.size()];
+    s.causal = (in_draw % 2) == 1;
     s.batch = kBatches()[batch_idx[q]];
     s.heads = kHeadConfigs()[heads_idx[q]].first;
     s.kv_heads = kHeadConfigs()[heads_idx[q]].second;
@@ -162,15 +168,15 @@ inline std::vector<MhaShape> ProjectionSweepShapes() {
 }
 
 // A smaller sweep for slower paths (the oneDNN twins): the seed plus every
-// shape whose Sq and Skv are both in {1, 17, 65} (9 pairs, causal off/on;
-// includes Sq > Skv causal, i.e. fully masked rows).
+// shape whose Sq and Skv are both in {1, 17, 65} (9 pairs x causal off/on x
+// draws; includes Sq > Skv causal, i.e. fully masked rows).
 inline std::vector<MhaShape> SmallSweepShapes() {
   auto in_small = [](int64_t s) { return s == 1 || s == 17 || s == 65; };
+  const std::vector<MhaShape> all = SweepShapes();
   std::vector<MhaShape> out;
-  for (const MhaShape& s : SweepShapes()) {
-    const bool is_seed = s.seq_q == 20 && s.seq_kv == 20 && s.heads == 8 &&
-                         s.head_dim == 64 && s.model_dim == 512 && s.batch == 1;
-    if (is_seed || (in_small(s.seq_q) && in_small(s.seq_kv))) out.push_back(s);
+  for (size_t i = 0; i < all.size(); ++i) {
+    const bool is_seed = i < 2;  // SweepShapes starts with the seed, causal off and on
+    if (is_seed || (in_small(all[i].seq_q) && in_small(all[i].seq_kv))) out.push_back(all[i]);
   }
   return out;
 }

@@ -1,5 +1,7 @@
 #include "test_util.h"
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstring>
 #include <sstream>

@@ -148,6 +148,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                  isfinite(s.scale) && nq <= kMaxElements && nkv <= kMaxElements &&
                  ns <= kMaxElements;
     valid = valid && !null_ptr;
+    if (getenv("HEADSUM_FUZZ_VERBOSE")) {
+      fprintf(stderr, "fn %d B %lld H %lld Hkv %lld Sq %lld Skv %lld L %lld scale %g causal %d null %d target %s threads %d\n",
+              fn, (long long)s.batch, (long long)s.heads, (long long)s.kv_heads, (long long)s.seq_q,
+              (long long)s.seq_kv, (long long)s.head_dim, (double)s.scale, s.causal,
+              null_ptr ? which_null : -1, headsum_active_target(), threads);
+    }
     const bool small = nq <= kMaxRealElements && nkv <= kMaxRealElements && ns <= kMaxRealElements;
     if (valid && !small) return 0;  // a real call we cannot afford here
     Buffer a, b, c, out;
