@@ -8,4 +8,6 @@ bash scripts/install-deps.sh
 build=${HEADSUM_BUILD_DIR:-build}
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DHEADSUM_BUILD_BENCH=OFF
 cmake --build "$build" -j"$(nproc)"
+# OpenMP threads that spin while waiting fight ctest -j for the cores.
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 ctest --test-dir "$build" --output-on-failure -j"$(nproc)"
