@@ -144,7 +144,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const __int128 nq = Product({s.batch, s.heads, s.seq_q, s.head_dim});
     const __int128 nkv = Product({s.batch, kv, s.seq_kv, s.head_dim});
     const __int128 ns = Product({s.batch, s.heads, s.seq_q, s.seq_kv});
-    bool valid = nq > 0 && nkv > 0 && ns > 0 && s.kv_heads >= 0 && s.heads % kv == 0 &&
+    bool valid = nq > 0 && nkv > 0 && ns > 0 && s.kv_heads >= 0 && kv >= 1 &&
+                 s.heads % kv == 0 &&
                  isfinite(s.scale) && nq <= kMaxElements && nkv <= kMaxElements &&
                  ns <= kMaxElements;
     valid = valid && !null_ptr;
