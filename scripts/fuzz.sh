@@ -17,7 +17,7 @@ work=$(mktemp -d)
 cp tests/fuzz/corpus/* "$work/"
 set +e
 "$build/tests/fuzz/headsum_api_fuzzer" -max_total_time="$seconds" -print_final_stats=1 \
-  -timeout=10 -rss_limit_mb=4096 "$work" > "$build/fuzz.log" 2>&1
+  -timeout=10 -rss_limit_mb=4096 -artifact_prefix="$build/" "$work" > "$build/fuzz.log" 2>&1
 rc=$?
 set -e
 rm -rf "$work"
