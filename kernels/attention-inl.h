@@ -68,6 +68,7 @@ inline void FlashAttentionRows(const AttnDims& a, const float* HWY_RESTRICT q,
                                size_t i1, size_t key_begin, size_t key_end,
                                float* HWY_RESTRICT partial, float* HWY_RESTRICT scratch) {
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  constexpr float kPosInf = std::numeric_limits<float>::infinity();
   const size_t L = a.head_dim, Skv = a.seq_kv, rows = i1 - i0;
   const size_t g = h / a.group();
   const float* HWY_RESTRICT q_blk = q + ((b * a.heads + h) * a.seq_q + i0) * L;
@@ -102,29 +103,37 @@ inline void FlashAttentionRows(const AttnDims& a, const float* HWY_RESTRICT q,
     }
     if (first_row == rows) continue;
 
-    // Online softmax update of each row, then acc += P V[j0 .. j0 + nj).
+    // Online softmax update of each row, then acc += P V[j0 .. j0 + nj),
+    // each row over the keys it sees only.
+    size_t keys[kQueryBlock];
     for (size_t r = first_row; r < rows; ++r) {
       const size_t visible = a.visible_keys(i0 + r);
       const size_t seen = visible <= j0 ? 0 : (visible - j0 < nj ? visible - j0 : nj);
+      keys[r - first_row] = seen;
       float* HWY_RESTRICT p = f.s + r * kKeyTile;
-      const float m_new = HWY_MAX(f.m[r], RowMax(p, seen));
+      if (std::isnan(f.m[r])) {  // already NaN: stays NaN
+        Fill(p, seen, 0.0f);
+        continue;
+      }
+      const float tile_max = RowMax(p, seen);
+      if (!(tile_max < kPosInf)) {  // a NaN or +inf score: the row is NaN (IEEE)
+        f.m[r] = f.l[r] = std::numeric_limits<float>::quiet_NaN();
+        Fill(p, seen, 0.0f);
+        continue;
+      }
+      const float m_new = HWY_MAX(f.m[r], tile_max);
       if (m_new == kNegInf) {  // nothing finite seen yet: acc and l stay 0
-        Fill(p, nj, 0.0f);
+        Fill(p, seen, 0.0f);
         continue;
       }
       const float correction = f.m[r] == kNegInf ? 0.0f : std::exp(f.m[r] - m_new);
       const float tile_sum = ExpShiftedRow(p, seen, m_new, p);
-      Fill(p + seen, nj - seen, 0.0f);
       f.l[r] = f.l[r] * correction + tile_sum;
       f.m[r] = m_new;
       if (correction != 1.0f) ScaleRow(f.acc + r * L, L, correction);
     }
-    const size_t pv_rows = rows - first_row;
-    MatMul(pv_rows, L, nj, f.s + first_row * kKeyTile, kKeyTile, v_g + j0 * L, L,
-           [&](auto d, size_t r, size_t c, auto acc) {
-             float* HWY_RESTRICT dst = f.acc + (first_row + r) * L + c;
-             hn::StoreU(hn::Add(hn::LoadU(d, dst), acc), d, dst);
-           });
+    WeightedSumRagged(rows - first_row, L, f.s + first_row * kKeyTile, kKeyTile, keys,
+                      v_g + j0 * L, f.acc + first_row * L, L, /*accumulate=*/true);
   }
 
   if (partial != nullptr) {
@@ -140,7 +149,8 @@ inline void FlashAttentionRows(const AttnDims& a, const float* HWY_RESTRICT q,
   }
   // O = acc / l; rows that saw no key give zeros.
   for (size_t r = 0; r < rows; ++r) {
-    const float inv = f.l[r] > 0.0f ? 1.0f / f.l[r] : 0.0f;
+    // l > 0: normal; l NaN: the row is NaN; l = 0: saw no key, zeros.
+    const float inv = f.l[r] > 0.0f || std::isnan(f.l[r]) ? 1.0f / f.l[r] : 0.0f;
     const float* HWY_RESTRICT acc_r = f.acc + r * L;
     float* HWY_RESTRICT o_r = o_blk + r * L;
     ForEachVector(L, [&](auto d, size_t c) {
@@ -160,9 +170,15 @@ inline void MergeKeySplits(const AttnDims& a, const float* HWY_RESTRICT partials
   float* HWY_RESTRICT o_blk = out + ((b * a.heads + h) * a.seq_q + i0) * L;
   for (size_t r = 0; r < rows; ++r) {
     float m_all = -std::numeric_limits<float>::infinity();
-    for (size_t c = 0; c < splits; ++c) m_all = HWY_MAX(m_all, partials[(c * rows + r) * stride + L]);
+    bool nan = false;
+    for (size_t c = 0; c < splits; ++c) {
+      const float m = partials[(c * rows + r) * stride + L];
+      nan |= std::isnan(m);
+      m_all = HWY_MAX(m_all, m);
+    }
     float* HWY_RESTRICT o_r = o_blk + r * L;
-    Fill(o_r, L, 0.0f);
+    Fill(o_r, L, nan ? std::numeric_limits<float>::quiet_NaN() : 0.0f);
+    if (nan) continue;
     if (m_all == -std::numeric_limits<float>::infinity()) continue;  // saw no key
     float l_all = 0.0f;
     for (size_t c = 0; c < splits; ++c) {

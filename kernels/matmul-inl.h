@@ -150,23 +150,76 @@ HWY_INLINE void ScaleRow(float* HWY_RESTRICT x, size_t n, float factor) {
   });
 }
 
-// max_i x[i]; -inf for n = 0 or a row of -inf.  The lanes are reduced by
-// hand: EMU128's MaxOfLanes starts from -FLT_MAX, which would turn a row of
-// -inf (fully masked) into a finite max.
+// max_i x[i]; -inf for n = 0 or a row of -inf; NaN if any x[i] is NaN (so a
+// NaN score reaches the outputs that depend on it).  The lanes are reduced
+// by hand: EMU128's MaxOfLanes starts from -FLT_MAX, which would turn a row
+// of -inf (fully masked) into a finite max.
 HWY_INLINE float RowMax(const float* HWY_RESTRICT x, size_t n) {
   const hn::ScalableTag<float> d;
   const size_t N = hn::Lanes(d);
   float best = -std::numeric_limits<float>::infinity();
+  bool nan = false;
   size_t i = 0;
   if (n >= N) {
     auto m = hn::LoadU(d, x);
-    for (i = N; i + N <= n; i += N) m = hn::Max(m, hn::LoadU(d, x + i));
+    auto is_nan = hn::Ne(m, m);
+    for (i = N; i + N <= n; i += N) {
+      const auto v = hn::LoadU(d, x + i);
+      m = hn::Max(m, v);
+      is_nan = hn::Or(is_nan, hn::Ne(v, v));
+    }
+    nan = !hn::AllFalse(d, is_nan);
     HWY_ALIGN float lanes[HWY_MAX_BYTES / sizeof(float)];
     hn::Store(m, d, lanes);
     for (size_t j = 0; j < N; ++j) best = lanes[j] > best ? lanes[j] : best;
   }
-  for (; i < n; ++i) best = x[i] > best ? x[i] : best;
-  return best;
+  for (; i < n; ++i) {
+    nan |= x[i] != x[i];
+    best = x[i] > best ? x[i] : best;
+  }
+  return nan ? std::numeric_limits<float>::quiet_NaN() : best;
+}
+
+// c[:] += alpha * b[:], n floats.
+HWY_INLINE void AddScaled(float alpha, const float* HWY_RESTRICT b, size_t n,
+                          float* HWY_RESTRICT c) {
+  ForEachVector(n, [&](auto d, size_t i) {
+    hn::StoreU(hn::MulAdd(hn::Set(d, alpha), hn::LoadU(d, b + i), hn::LoadU(d, c + i)), d,
+               c + i);
+  });
+}
+
+// Probability-weighted sum of value rows for rows whose key counts differ
+// (the causal diagonal):  out[r][:] (+)= sum_{j < keys[r]} P[r][j] V[j][:],
+// keys[] non-decreasing.  The register-blocked product runs over the keys
+// every row of a 6-row tile sees; the few keys only later rows see are added
+// per row, so a row never multiplies a value row it cannot see (0 * NaN
+// would leak a NaN from a masked value into it).
+// accumulate: add to out instead of overwriting it.
+HWY_INLINE void WeightedSumRagged(size_t rows, size_t L, const float* HWY_RESTRICT p,
+                                  size_t ldp, const size_t* keys, const float* HWY_RESTRICT v,
+                                  float* HWY_RESTRICT out, size_t ldo, bool accumulate) {
+  for (size_t r0 = 0; r0 < rows; r0 += kTileRows) {
+    const size_t tile = rows - r0 < kTileRows ? rows - r0 : kTileRows;
+    const size_t common = keys[r0];
+    const float* HWY_RESTRICT p0 = p + r0 * ldp;
+    float* HWY_RESTRICT o0 = out + r0 * ldo;
+    if (accumulate) {
+      MatMul(tile, L, common, p0, ldp, v, L, [&](auto d, size_t r, size_t c, auto acc) {
+        float* HWY_RESTRICT dst = o0 + r * ldo + c;
+        hn::StoreU(hn::Add(hn::LoadU(d, dst), acc), d, dst);
+      });
+    } else {
+      MatMul(tile, L, common, p0, ldp, v, L, [&](auto d, size_t r, size_t c, auto acc) {
+        hn::StoreU(acc, d, o0 + r * ldo + c);
+      });
+    }
+    for (size_t r = 1; r < tile; ++r) {
+      for (size_t j = common; j < keys[r0 + r]; ++j) {
+        AddScaled(p0[r * ldp + j], v + j * L, L, o0 + r * ldo);
+      }
+    }
+  }
 }
 
 // p[i] = exp(x[i] - shift) for i < n; returns sum_i p[i] in a fixed order.

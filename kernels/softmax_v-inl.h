@@ -24,19 +24,18 @@ namespace HWY_NAMESPACE {
 // Floats of scratch SoftmaxWeightedSumV needs: one tile of probability rows.
 inline size_t SoftmaxVScratch(const AttnDims& a) { return kTileRows * a.seq_kv; }
 
-// p[0..n) = exp(s - max) over the visible scores, zeros up to `width`;
-// returns 1 / sum, or 0 when the row sees no finite score.
+// p[0..visible) = exp(s - max) over the visible scores; returns 1 / sum,
+// 0 when the row sees no finite score, NaN when it sees a NaN or +inf score
+// (IEEE: exp(inf - inf) is NaN; the row becomes NaN, as in the reference).
 HWY_INLINE float SoftmaxNumerators(const float* HWY_RESTRICT s, size_t visible,
-                                   size_t width, float* HWY_RESTRICT p) {
+                                   float* HWY_RESTRICT p) {
   const float max = RowMax(s, visible);
-  float inv_sum = 0.0f;
-  if (max == -std::numeric_limits<float>::infinity()) {
-    Fill(p, visible, 0.0f);  // fully masked row: zeros, not exp(-inf + inf)
-  } else {
-    inv_sum = 1.0f / ExpShiftedRow(s, visible, max, p);
+  if (max == -std::numeric_limits<float>::infinity()) return 0.0f;  // fully masked
+  if (!(max < std::numeric_limits<float>::infinity())) {            // NaN or +inf
+    Fill(p, visible, 0.0f);
+    return std::numeric_limits<float>::quiet_NaN();
   }
-  Fill(p + visible, width - visible, 0.0f);
-  return inv_sum;
+  return 1.0f / ExpShiftedRow(s, visible, max, p);
 }
 
 // Output rows [i0, i1) of head (b, h).  scratch: SoftmaxVScratch().
@@ -51,18 +50,26 @@ inline void SoftmaxWeightedSumVRows(const AttnDims& a, const float* HWY_RESTRICT
   float* HWY_RESTRICT o_h = out + ((b * a.heads + h) * a.seq_q) * L;
   float* HWY_RESTRICT p = scratch;  // [kTileRows][width]
   float inv_sum[kTileRows];
+  size_t keys[kTileRows];
 
   for (size_t r0 = i0; r0 < i1; r0 += kTileRows) {
     const size_t rows = i1 - r0 < kTileRows ? i1 - r0 : kTileRows;
     const size_t width = a.visible_keys(r0 + rows - 1);
     for (size_t r = 0; r < rows; ++r) {
-      inv_sum[r] = SoftmaxNumerators(s_h + (r0 + r) * Skv, a.visible_keys(r0 + r), width,
-                                     p + r * width);
+      keys[r] = a.visible_keys(r0 + r);
+      inv_sum[r] = SoftmaxNumerators(s_h + (r0 + r) * Skv, keys[r], p + r * width);
+      if (inv_sum[r] == 0.0f) Fill(p + r * width, keys[r], 0.0f);
     }
-    // O[i][:] = (sum_j p[i][j] V[j][:]) / sum_j p[i][j]
-    MatMul(rows, L, width, p, width, v_g, L, [&](auto d, size_t r, size_t c, auto acc) {
-      hn::StoreU(hn::Mul(acc, hn::Set(d, inv_sum[r])), d, o_h + (r0 + r) * L + c);
-    });
+    // O[i][:] = (sum_{j visible} p[i][j] V[j][:]) / sum_j p[i][j]
+    float* HWY_RESTRICT o_tile = o_h + r0 * L;
+    WeightedSumRagged(rows, L, p, width, keys, v_g, o_tile, L, /*accumulate=*/false);
+    for (size_t r = 0; r < rows; ++r) {
+      if (inv_sum[r] == 0.0f) {
+        Fill(o_tile + r * L, L, 0.0f);  // sees nothing: zeros, whatever V holds
+      } else {
+        ScaleRow(o_tile + r * L, L, inv_sum[r]);
+      }
+    }
   }
 }
 
