@@ -16,3 +16,38 @@ write_basic_package_version_file(${CMAKE_CURRENT_BINARY_DIR}/headsumConfigVersio
 install(FILES ${CMAKE_CURRENT_BINARY_DIR}/headsumConfig.cmake
               ${CMAKE_CURRENT_BINARY_DIR}/headsumConfigVersion.cmake
         DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/headsum)
+
+# pkg-config: headsum.pc, for builds that do not use CMake
+# (cc app.c $(pkg-config --cflags --libs --static headsum)).  The static
+# library's own dependencies are private: libhwy through Requires.private,
+# libstdc++/libm, OpenMP and oneDNN in Libs.private, as this build uses them.
+file(RELATIVE_PATH _headsum_pc_up "/_/${CMAKE_INSTALL_LIBDIR}/pkgconfig" "/_")
+if(IS_ABSOLUTE "${CMAKE_INSTALL_LIBDIR}")
+  set(HEADSUM_PC_PREFIX "${CMAKE_INSTALL_PREFIX}")
+  set(HEADSUM_PC_LIBDIR "${CMAKE_INSTALL_LIBDIR}")
+else()
+  string(REGEX REPLACE "/$" "" _headsum_pc_up "\${pcfiledir}/${_headsum_pc_up}")
+  set(HEADSUM_PC_PREFIX "${_headsum_pc_up}")
+  set(HEADSUM_PC_LIBDIR "\${prefix}/${CMAKE_INSTALL_LIBDIR}")
+endif()
+if(IS_ABSOLUTE "${CMAKE_INSTALL_INCLUDEDIR}")
+  set(HEADSUM_PC_INCLUDEDIR "${CMAKE_INSTALL_INCLUDEDIR}")
+else()
+  set(HEADSUM_PC_INCLUDEDIR "\${prefix}/${CMAKE_INSTALL_INCLUDEDIR}")
+endif()
+set(HEADSUM_PC_LIBS_PRIVATE "")
+if(HEADSUM_WITH_ONEDNN)
+  get_target_property(_headsum_dnnl_lib DNNL::dnnl LOCATION)
+  get_filename_component(_headsum_dnnl_dir "${_headsum_dnnl_lib}" DIRECTORY)
+  if(_headsum_dnnl_dir AND NOT _headsum_dnnl_dir IN_LIST CMAKE_CXX_IMPLICIT_LINK_DIRECTORIES)
+    string(APPEND HEADSUM_PC_LIBS_PRIVATE "-L${_headsum_dnnl_dir} ")
+  endif()
+  string(APPEND HEADSUM_PC_LIBS_PRIVATE "-ldnnl ")
+endif()
+if(HEADSUM_WITH_OPENMP)
+  string(APPEND HEADSUM_PC_LIBS_PRIVATE "${OpenMP_CXX_FLAGS} ")
+endif()
+string(APPEND HEADSUM_PC_LIBS_PRIVATE "-lstdc++ -lm")
+configure_file(${CMAKE_CURRENT_LIST_DIR}/headsum.pc.in ${CMAKE_CURRENT_BINARY_DIR}/headsum.pc @ONLY)
+install(FILES ${CMAKE_CURRENT_BINARY_DIR}/headsum.pc
+        DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)

@@ -10,6 +10,7 @@
 #include "dispatch/threads.h"
 #include "dispatch/validate.h"
 #include "headsum/headsum.h"
+#include "dispatch/test_hooks.h"
 #include "hwy/aligned_allocator.h"
 #include "hwy/targets.h"
 #include "kernels/shapes.h"
@@ -233,7 +234,7 @@ headsum_status headsum_attribution_basis_create(const headsum_proj_shape* shape,
   return Guarded(fn, [&] {
     headsum_attribution_basis* made = new (std::nothrow) headsum_attribution_basis{
         shape->heads, shape->head_dim, shape->model_dim, n_directions,
-        hwy::AllocateAligned<float>(static_cast<size_t>(n))};
+        AllocateFloats(static_cast<size_t>(n))};
     if (made == nullptr || !made->wd) {
       delete made;
       return Fail(HEADSUM_ERR_OUT_OF_MEMORY, fn, "out of memory for the basis");

@@ -13,6 +13,7 @@
 #include "dispatch/ops.h"
 #include "dispatch/targets.h"
 #include "dispatch/threads.h"
+#include "dispatch/test_hooks.h"
 #include "hwy/aligned_allocator.h"
 
 namespace headsum {
@@ -102,7 +103,7 @@ headsum_status Attention(const AttnDims& a, const float* q, const float* k, cons
   // key order.  partials: [B*H][splits][Sq][L + 2].
   const size_t per_split = a.seq_q * HWY_DISPATCH_TABLE(PartialFloats)[t](a);
   hwy::AlignedFreeUniquePtr<float[]> partials =
-      hwy::AllocateAligned<float>(a.batch * a.heads * splits * per_split);
+      AllocateFloats(a.batch * a.heads * splits * per_split);
   if (!partials) return HEADSUM_ERR_OUT_OF_MEMORY;
   const size_t heads = a.batch * a.heads;
   if (headsum_status s = ParallelItems(heads * splits, scratch, [&](size_t item, float* scratch) {

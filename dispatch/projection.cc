@@ -11,6 +11,7 @@
 #include "dispatch/ops.h"
 #include "dispatch/targets.h"
 #include "dispatch/threads.h"
+#include "dispatch/test_hooks.h"
 #include "hwy/aligned_allocator.h"
 
 namespace headsum {
@@ -62,11 +63,13 @@ headsum_status HeadContributionNorms(const ProjDims& p, const float* heads, cons
                        });
 }
 
-headsum_status ProjectWeightsOntoDirections(const ProjDims& p, const float* wo,
-                                           const float* directions, size_t n_directions,
-                                           float* wd) {
-  const auto kernel =
-      HWY_DISPATCH_TABLE(ProjectWeightsOntoDirections)[TableIndex(ActiveTarget())];
+namespace {
+
+// The two halves of attribution on one target, chosen once per call.
+headsum_status WeightsOntoDirections(size_t t, const ProjDims& p, const float* wo,
+                                     const float* directions, size_t n_directions,
+                                     float* wd) {
+  const auto kernel = HWY_DISPATCH_TABLE(ProjectWeightsOntoDirections)[t];
   const size_t rows = p.inner();
   constexpr size_t kWeightRows = 64;
   return ParallelItems(CeilDiv(rows, kWeightRows), 0, [&](size_t item, float*) {
@@ -75,9 +78,9 @@ headsum_status ProjectWeightsOntoDirections(const ProjDims& p, const float* wo,
   });
 }
 
-headsum_status AttributionFromBasis(const ProjDims& p, const float* heads, const float* wd,
-                                    size_t n_directions, float* out) {
-  const auto kernel = HWY_DISPATCH_TABLE(AttributionRows)[TableIndex(ActiveTarget())];
+headsum_status AttributionThroughBasis(size_t t, const ProjDims& p, const float* heads,
+                                       const float* wd, size_t n_directions, float* out) {
+  const auto kernel = HWY_DISPATCH_TABLE(AttributionRows)[t];
   const size_t row_blocks = CeilDiv(p.seq, kRowBlock);
   return ParallelItems(p.batch * row_blocks, 0, [&](size_t item, float*) {
     const size_t b = item / row_blocks, s0 = item % row_blocks * kRowBlock;
@@ -85,15 +88,30 @@ headsum_status AttributionFromBasis(const ProjDims& p, const float* heads, const
   });
 }
 
+}  // namespace
+
+headsum_status ProjectWeightsOntoDirections(const ProjDims& p, const float* wo,
+                                           const float* directions, size_t n_directions,
+                                           float* wd) {
+  return WeightsOntoDirections(TableIndex(ActiveTarget()), p, wo, directions, n_directions,
+                               wd);
+}
+
+headsum_status AttributionFromBasis(const ProjDims& p, const float* heads, const float* wd,
+                                    size_t n_directions, float* out) {
+  return AttributionThroughBasis(TableIndex(ActiveTarget()), p, heads, wd, n_directions, out);
+}
+
 headsum_status HeadAttribution(const ProjDims& p, const float* heads, const float* wo,
                                const float* directions, size_t n_directions, float* out) {
+  const size_t t = TableIndex(ActiveTarget());
   // wd = Wo directions^T [H*L][R], once per call; then O(L R) per (s, h).
-  hwy::AlignedFreeUniquePtr<float[]> wd = hwy::AllocateAligned<float>(p.inner() * n_directions);
+  hwy::AlignedFreeUniquePtr<float[]> wd = AllocateFloats(p.inner() * n_directions);
   if (!wd) return HEADSUM_ERR_OUT_OF_MEMORY;
-  if (headsum_status s = ProjectWeightsOntoDirections(p, wo, directions, n_directions, wd.get())) {
+  if (headsum_status s = WeightsOntoDirections(t, p, wo, directions, n_directions, wd.get())) {
     return s;
   }
-  return AttributionFromBasis(p, heads, wd.get(), n_directions, out);
+  return AttributionThroughBasis(t, p, heads, wd.get(), n_directions, out);
 }
 
 }  // namespace dispatch

@@ -8,6 +8,7 @@
 #include <stddef.h>
 
 #include "headsum/headsum.h"
+#include "dispatch/test_hooks.h"
 #include "hwy/aligned_allocator.h"
 
 #ifdef HEADSUM_HAVE_OPENMP
@@ -35,7 +36,7 @@ headsum_status ParallelItems(size_t n_items, size_t scratch_floats, const Item& 
   const size_t stride = (scratch_floats + 63) / 64 * 64;
   hwy::AlignedFreeUniquePtr<float[]> scratch;
   if (stride != 0) {
-    scratch = hwy::AllocateAligned<float>(stride * threads);
+    scratch = AllocateFloats(stride * threads);
     if (!scratch) return HEADSUM_ERR_OUT_OF_MEMORY;
   }
   float* const base = scratch.get();

@@ -5,7 +5,15 @@
 //   m' = max(m, max_{j in T} s_j)
 //   acc = acc * exp(m - m') + sum_{j in T} exp(s_j - m') V_j
 //   l   = l   * exp(m - m') + sum_{j in T} exp(s_j - m')
-// and O = acc / l at the end (zeros when the row sees no key).
+// and O = acc / l at the end (zeros when the row sees no key; NaN when it
+// sees a NaN or +inf score, as IEEE arithmetic on the reference gives).
+//
+// A block of query rows computes the transposed scores S^T = K_T (scale Q)^T
+// of each key tile: K is read in place as the broadcast operand (no K^T
+// packing per tile), queries run along the vector lanes, so the max, the
+// exponentials and the denominators of all rows are vector operations down
+// the keys, and P V reads P^T with a column stride.  A few query rows (a
+// decode step) use dot products instead, one row at a time.
 
 #if defined(HEADSUM_KERNELS_ATTENTION_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef HEADSUM_KERNELS_ATTENTION_INL_H_
@@ -26,37 +34,127 @@ HWY_BEFORE_NAMESPACE();
 namespace headsum {
 namespace HWY_NAMESPACE {
 
-// Keys per tile: K^T tile L x 128 (32 KiB at L = 64) and the score tile of
-// the query rows stay in L1/L2 while both products run over them.
+// Keys per tile: the S^T tile (128 x 64 floats = 32 KiB) and the value rows
+// it weighs stay in L1/L2 while both products run over them.
 constexpr size_t kKeyTile = 128;
 constexpr size_t kQueryBlock = kAttentionQueryBlock;
+// Up to this many query rows, each row runs alone on dot products: a block
+// of vectors along the queries would be mostly padding.
+constexpr size_t kDotRows = 3;
+
+// Query columns of the transposed tiles: the block rounded up to vectors.
+inline size_t QueryColumns(size_t rows) {
+  const hn::ScalableTag<float> d;
+  const size_t N = hn::Lanes(d);
+  return (rows + N - 1) / N * N;
+}
 
 struct FlashScratch {
-  float* k_t;     // [L][kKeyTile]
-  float* s;       // [kQueryBlock][kKeyTile] scores, then probabilities
+  size_t ldw;     // row stride of q_t and s_t: QueryColumns(kQueryBlock)
+  float* q_t;     // [L][ldw]        scale * Q^T of the block, zero-padded
+  float* s_t;     // [kKeyTile][ldw] S^T, then P^T
   float* acc;     // [kQueryBlock][L]
-  float* m;       // [kQueryBlock] running max
-  float* l;       // [kQueryBlock] running denominator
+  float* m;       // [ldw] running max
+  float* l;       // [ldw] running denominator
+  float* corr;    // [ldw] exp(m - m') of the last tile
+  float* bad;     // [ldw] nonzero once a NaN or +inf score was seen
+  float* s_row;   // [kKeyTile] the dot path's scores
 };
 
 inline size_t AttentionScratch(const AttnDims& a) {
-  return a.head_dim * kKeyTile + kQueryBlock * kKeyTile + kQueryBlock * a.head_dim +
-         2 * kQueryBlock;
+  const size_t ldw = QueryColumns(kQueryBlock);
+  return ldw * a.head_dim + kKeyTile * ldw + kQueryBlock * a.head_dim + 4 * ldw + kKeyTile;
 }
 
 inline FlashScratch CarveFlashScratch(const AttnDims& a, float* scratch) {
   FlashScratch f;
-  f.k_t = scratch;
-  f.s = f.k_t + a.head_dim * kKeyTile;
-  f.acc = f.s + kQueryBlock * kKeyTile;
+  f.ldw = QueryColumns(kQueryBlock);
+  f.q_t = scratch;
+  f.s_t = f.q_t + f.ldw * a.head_dim;
+  f.acc = f.s_t + kKeyTile * f.ldw;
   f.m = f.acc + kQueryBlock * a.head_dim;
-  f.l = f.m + kQueryBlock;
+  f.l = f.m + f.ldw;
+  f.corr = f.l + f.ldw;
+  f.bad = f.corr + f.ldw;
+  f.s_row = f.bad + f.ldw;
   return f;
 }
 
 // Per query row, what a range of keys leaves behind when the keys are split
 // across work items: the unnormalized output, the max and the denominator.
 inline size_t PartialFloats(const AttnDims& a) { return a.head_dim + 2; }
+
+// Final rows (O = acc / l) into out, or partial records (acc, m, l) when
+// partial != nullptr.  bad rows are NaN (m = NaN in a partial record).
+inline void FinishRows(size_t rows, size_t L, const float* HWY_RESTRICT acc,
+                       const float* HWY_RESTRICT m, const float* HWY_RESTRICT l,
+                       const float* HWY_RESTRICT bad, float* HWY_RESTRICT out,
+                       float* HWY_RESTRICT partial) {
+  constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+  for (size_t r = 0; r < rows; ++r) {
+    const float* HWY_RESTRICT acc_r = acc + r * L;
+    if (partial != nullptr) {
+      float* HWY_RESTRICT rec = partial + r * (L + 2);
+      ForEachVector(L, [&](auto d, size_t c) { hn::StoreU(hn::LoadU(d, acc_r + c), d, rec + c); });
+      rec[L] = bad[r] != 0.0f ? kNaN : m[r];
+      rec[L + 1] = l[r];
+      continue;
+    }
+    // l > 0: normal; bad: NaN; l = 0: the row saw no key, zeros.
+    const float inv = bad[r] != 0.0f ? kNaN : (l[r] > 0.0f ? 1.0f / l[r] : 0.0f);
+    float* HWY_RESTRICT o_r = out + r * L;
+    ForEachVector(L, [&](auto d, size_t c) {
+      hn::StoreU(hn::Mul(hn::LoadU(d, acc_r + c), hn::Set(d, inv)), d, o_r + c);
+    });
+  }
+}
+
+// acc[:] += sum_{j < n} p[j] V[j][:], four value rows per pass over acc.
+HWY_INLINE void AccumulateWeightedRows(const float* HWY_RESTRICT p, size_t n,
+                                       const float* HWY_RESTRICT v, size_t L,
+                                       float* HWY_RESTRICT acc) {
+  size_t j = 0;
+  for (; j + 4 <= n; j += 4) {
+    const float* HWY_RESTRICT v0 = v + j * L;
+    ForEachVector(L, [&](auto d, size_t c) {
+      auto sum = hn::LoadU(d, acc + c);
+      sum = hn::MulAdd(hn::Set(d, p[j]), hn::LoadU(d, v0 + c), sum);
+      sum = hn::MulAdd(hn::Set(d, p[j + 1]), hn::LoadU(d, v0 + L + c), sum);
+      sum = hn::MulAdd(hn::Set(d, p[j + 2]), hn::LoadU(d, v0 + 2 * L + c), sum);
+      sum = hn::MulAdd(hn::Set(d, p[j + 3]), hn::LoadU(d, v0 + 3 * L + c), sum);
+      hn::StoreU(sum, d, acc + c);
+    });
+  }
+  for (; j < n; ++j) AddScaled(p[j], v + j * L, L, acc);
+}
+
+// One query row on dot products (decode): keys [key_begin, key_end).
+inline void FlashAttentionRowByDot(const AttnDims& a, const float* HWY_RESTRICT q_i,
+                                   const float* HWY_RESTRICT k_g, const float* HWY_RESTRICT v_g,
+                                   size_t visible, size_t key_begin, size_t key_end,
+                                   float* HWY_RESTRICT acc, float* m, float* l, float* bad,
+                                   float* HWY_RESTRICT s_row) {
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  const size_t L = a.head_dim;
+  const size_t end = visible < key_end ? visible : key_end;
+  for (size_t j0 = key_begin; j0 < end; j0 += kKeyTile) {
+    const size_t nj = end - j0 < kKeyTile ? end - j0 : kKeyTile;
+    for (size_t j = 0; j < nj; ++j) s_row[j] = a.scale * Dot(q_i, k_g + (j0 + j) * L, L);
+    const float tile_max = RowMax(s_row, nj);
+    if (!(tile_max < std::numeric_limits<float>::infinity())) {  // NaN or +inf
+      *bad = 1.0f;
+      return;
+    }
+    const float m_new = HWY_MAX(*m, tile_max);
+    if (m_new == kNegInf) continue;
+    const float correction = *m == kNegInf ? 0.0f : std::exp(*m - m_new);
+    const float tile_sum = ExpShiftedRow(s_row, nj, m_new, s_row);
+    *l = *l * correction + tile_sum;
+    *m = m_new;
+    if (correction != 1.0f) ScaleRow(acc, L, correction);
+    AccumulateWeightedRows(s_row, nj, v_g + j0 * L, L, acc);
+  }
+}
 
 // Query rows [i0, i1) of head (b, h), i1 - i0 <= kQueryBlock, over keys
 // [key_begin, key_end).  With partial == nullptr the rows are final and go
@@ -68,7 +166,6 @@ inline void FlashAttentionRows(const AttnDims& a, const float* HWY_RESTRICT q,
                                size_t i1, size_t key_begin, size_t key_end,
                                float* HWY_RESTRICT partial, float* HWY_RESTRICT scratch) {
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-  constexpr float kPosInf = std::numeric_limits<float>::infinity();
   const size_t L = a.head_dim, Skv = a.seq_kv, rows = i1 - i0;
   const size_t g = h / a.group();
   const float* HWY_RESTRICT q_blk = q + ((b * a.heads + h) * a.seq_q + i0) * L;
@@ -76,100 +173,97 @@ inline void FlashAttentionRows(const AttnDims& a, const float* HWY_RESTRICT q,
   const float* HWY_RESTRICT v_g = v + ((b * a.kv_heads + g) * Skv) * L;
   float* HWY_RESTRICT o_blk = out + ((b * a.heads + h) * a.seq_q + i0) * L;
   const FlashScratch f = CarveFlashScratch(a, scratch);
-  const float scale = a.scale;
+  const size_t ldw = f.ldw, cols = QueryColumns(rows);
 
   Fill(f.acc, rows * L, 0.0f);
-  Fill(f.m, rows, kNegInf);
-  Fill(f.l, rows, 0.0f);
+  Fill(f.m, ldw, kNegInf);
+  Fill(f.l, ldw, 0.0f);
+  Fill(f.bad, ldw, 0.0f);
+
+  if (rows <= kDotRows) {
+    for (size_t r = 0; r < rows; ++r) {
+      FlashAttentionRowByDot(a, q_blk + r * L, k_g, v_g, a.visible_keys(i0 + r), key_begin,
+                             key_end, f.acc + r * L, f.m + r, f.l + r, f.bad + r, f.s_row);
+    }
+    FinishRows(rows, L, f.acc, f.m, f.l, f.bad, o_blk, partial);
+    return;
+  }
+
+  // q_t[l][r] = scale * Q[i0 + r][l]; padding columns stay 0 (finite scores
+  // in lanes no row reads).
+  for (size_t l = 0; l < L; ++l) {
+    float* HWY_RESTRICT q_t_l = f.q_t + l * ldw;
+    for (size_t r = 0; r < rows; ++r) q_t_l[r] = a.scale * q_blk[r * L + l];
+    for (size_t r = rows; r < cols; ++r) q_t_l[r] = 0.0f;
+  }
 
   const size_t last_visible = a.visible_keys(i1 - 1);
   const size_t keys_needed = last_visible < key_end ? last_visible : key_end;
+  size_t keys[kQueryBlock];
   for (size_t j0 = key_begin; j0 < keys_needed; j0 += kKeyTile) {
     const size_t nj = keys_needed - j0 < kKeyTile ? keys_needed - j0 : kKeyTile;
-    Transpose(k_g + j0 * L, nj, L, L, f.k_t, kKeyTile);
-
-    // s[i][j] = scale * Q[i] . K[j0 + j], in 6-row tiles up to what they see.
-    size_t first_row = rows;  // first row of the block that sees this tile
-    for (size_t r0 = 0; r0 < rows; r0 += kTileRows) {
-      const size_t tile_rows = rows - r0 < kTileRows ? rows - r0 : kTileRows;
-      const size_t visible = a.visible_keys(i0 + r0 + tile_rows - 1);
-      if (visible <= j0) continue;
-      if (first_row == rows) first_row = r0;
-      const size_t cols = visible - j0 < nj ? visible - j0 : nj;
-      MatMul(tile_rows, cols, L, q_blk + r0 * L, L, f.k_t, kKeyTile,
-             [&](auto d, size_t r, size_t c, auto acc) {
-               hn::StoreU(hn::Mul(acc, hn::Set(d, scale)), d, f.s + (r0 + r) * kKeyTile + c);
-             });
-    }
-    if (first_row == rows) continue;
-
-    // Online softmax update of each row, then acc += P V[j0 .. j0 + nj),
-    // each row over the keys it sees only.
-    size_t keys[kQueryBlock];
-    for (size_t r = first_row; r < rows; ++r) {
-      const size_t visible = a.visible_keys(i0 + r);
-      const size_t seen = visible <= j0 ? 0 : (visible - j0 < nj ? visible - j0 : nj);
-      keys[r - first_row] = seen;
-      float* HWY_RESTRICT p = f.s + r * kKeyTile;
-      if (std::isnan(f.m[r])) {  // already NaN: stays NaN
-        Fill(p, seen, 0.0f);
-        continue;
-      }
-      const float tile_max = RowMax(p, seen);
-      if (!(tile_max < kPosInf)) {  // a NaN or +inf score: the row is NaN (IEEE)
-        f.m[r] = f.l[r] = std::numeric_limits<float>::quiet_NaN();
-        Fill(p, seen, 0.0f);
-        continue;
-      }
-      const float m_new = HWY_MAX(f.m[r], tile_max);
-      if (m_new == kNegInf) {  // nothing finite seen yet: acc and l stay 0
-        Fill(p, seen, 0.0f);
-        continue;
-      }
-      const float correction = f.m[r] == kNegInf ? 0.0f : std::exp(f.m[r] - m_new);
-      const float tile_sum = ExpShiftedRow(p, seen, m_new, p);
-      f.l[r] = f.l[r] * correction + tile_sum;
-      f.m[r] = m_new;
-      if (correction != 1.0f) ScaleRow(f.acc + r * L, L, correction);
-    }
-    WeightedSumRagged(rows - first_row, L, f.s + first_row * kKeyTile, kKeyTile, keys,
-                      v_g + j0 * L, f.acc + first_row * L, L, /*accumulate=*/true);
-  }
-
-  if (partial != nullptr) {
-    const size_t stride = PartialFloats(a);
-    for (size_t r = 0; r < rows; ++r) {
-      float* HWY_RESTRICT rec = partial + r * stride;
-      const float* HWY_RESTRICT acc_r = f.acc + r * L;
-      ForEachVector(L, [&](auto d, size_t c) { hn::StoreU(hn::LoadU(d, acc_r + c), d, rec + c); });
-      rec[L] = f.m[r];
-      rec[L + 1] = f.l[r];
-    }
-    return;
-  }
-  // O = acc / l; rows that saw no key give zeros.
-  for (size_t r = 0; r < rows; ++r) {
-    // l > 0: normal; l NaN: the row is NaN; l = 0: saw no key, zeros.
-    const float inv = f.l[r] > 0.0f || std::isnan(f.l[r]) ? 1.0f / f.l[r] : 0.0f;
-    const float* HWY_RESTRICT acc_r = f.acc + r * L;
-    float* HWY_RESTRICT o_r = o_blk + r * L;
-    ForEachVector(L, [&](auto d, size_t c) {
-      hn::StoreU(hn::Mul(hn::LoadU(d, acc_r + c), hn::Set(d, inv)), d, o_r + c);
+    // S^T[j][r] = K[j0 + j] . (scale Q[i0 + r])
+    MatMul(nj, cols, L, k_g + j0 * L, L, f.q_t, ldw, [&](auto d, size_t j, size_t c, auto acc) {
+      hn::StoreU(acc, d, f.s_t + j * ldw + c);
     });
+    // Keys of this tile each row sees; on the causal diagonal the rest are -inf.
+    for (size_t r = 0; r < rows; ++r) {
+      const size_t visible = a.visible_keys(i0 + r);
+      keys[r] = visible <= j0 ? 0 : (visible - j0 < nj ? visible - j0 : nj);
+      for (size_t j = keys[r]; j < nj; ++j) f.s_t[j * ldw + r] = kNegInf;
+    }
+
+    // Online softmax down the keys, all query rows at once along the lanes.
+    const hn::ScalableTag<float> d;
+    const size_t N = hn::Lanes(d);
+    const auto neg_inf = hn::Set(d, kNegInf), pos_inf = hn::Set(d, -kNegInf);
+    for (size_t c = 0; c < cols; c += N) {
+      const auto m_old = hn::LoadU(d, f.m + c);
+      auto tile_max = neg_inf;
+      auto bad = hn::Ne(hn::LoadU(d, f.bad + c), hn::Zero(d));
+      for (size_t j = 0; j < nj; ++j) {
+        const auto s = hn::LoadU(d, f.s_t + j * ldw + c);
+        tile_max = hn::Max(tile_max, s);
+        bad = hn::Or(bad, hn::Not(hn::Lt(s, pos_inf)));  // NaN or +inf
+      }
+      const auto m_new = hn::Max(m_old, tile_max);
+      // Rows that have seen nothing finite shift by 0: exp(-inf - 0) = 0.
+      const auto shift = hn::IfThenZeroElse(hn::Eq(m_new, neg_inf), m_new);
+      const auto corr = hn::Exp(d, hn::Sub(m_old, shift));
+      auto sum = hn::Zero(d);
+      for (size_t j = 0; j < nj; ++j) {
+        float* HWY_RESTRICT p = f.s_t + j * ldw + c;
+        const auto e = hn::Exp(d, hn::Sub(hn::LoadU(d, p), shift));
+        hn::StoreU(e, d, p);
+        sum = hn::Add(sum, e);
+      }
+      hn::StoreU(m_new, d, f.m + c);
+      hn::StoreU(hn::MulAdd(hn::LoadU(d, f.l + c), corr, sum), d, f.l + c);
+      hn::StoreU(corr, d, f.corr + c);
+      hn::StoreU(hn::IfThenElseZero(bad, hn::Set(d, 1.0f)), d, f.bad + c);
+    }
+    for (size_t r = 0; r < rows; ++r) {
+      if (f.corr[r] != 1.0f) ScaleRow(f.acc + r * L, L, f.corr[r]);
+    }
+    // acc[r] += sum_{j < keys[r]} P^T[j][r] V[j0 + j]
+    WeightedSumRagged(rows, L, f.s_t, 1, ldw, keys, v_g + j0 * L, f.acc, L,
+                      /*accumulate=*/true);
   }
+  FinishRows(rows, L, f.acc, f.m, f.l, f.bad, o_blk, partial);
 }
 
 // Combines the partials of `splits` key ranges (in their order, so the result
 // does not depend on which thread ran which range) into rows [i0, i1):
 //   M = max_c m_c,  O = sum_c exp(m_c - M) acc_c / sum_c exp(m_c - M) l_c
-// partials: [splits][i1 - i0][PartialFloats()].
+// partials: [splits][i1 - i0][PartialFloats()].  A NaN m marks a NaN row.
 inline void MergeKeySplits(const AttnDims& a, const float* HWY_RESTRICT partials,
                            size_t splits, float* HWY_RESTRICT out, size_t b, size_t h,
                            size_t i0, size_t i1) {
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   const size_t L = a.head_dim, rows = i1 - i0, stride = PartialFloats(a);
   float* HWY_RESTRICT o_blk = out + ((b * a.heads + h) * a.seq_q + i0) * L;
   for (size_t r = 0; r < rows; ++r) {
-    float m_all = -std::numeric_limits<float>::infinity();
+    float m_all = kNegInf;
     bool nan = false;
     for (size_t c = 0; c < splits; ++c) {
       const float m = partials[(c * rows + r) * stride + L];
@@ -178,18 +272,14 @@ inline void MergeKeySplits(const AttnDims& a, const float* HWY_RESTRICT partials
     }
     float* HWY_RESTRICT o_r = o_blk + r * L;
     Fill(o_r, L, nan ? std::numeric_limits<float>::quiet_NaN() : 0.0f);
-    if (nan) continue;
-    if (m_all == -std::numeric_limits<float>::infinity()) continue;  // saw no key
+    if (nan || m_all == kNegInf) continue;  // NaN row, or a row that saw no key
     float l_all = 0.0f;
     for (size_t c = 0; c < splits; ++c) {
       const float* HWY_RESTRICT rec = partials + (c * rows + r) * stride;
-      if (rec[L] == -std::numeric_limits<float>::infinity()) continue;
+      if (rec[L] == kNegInf) continue;
       const float weight = std::exp(rec[L] - m_all);
       l_all += weight * rec[L + 1];
-      ForEachVector(L, [&](auto d, size_t i) {
-        hn::StoreU(hn::MulAdd(hn::Set(d, weight), hn::LoadU(d, rec + i), hn::LoadU(d, o_r + i)),
-                   d, o_r + i);
-      });
+      AddScaled(weight, rec, L, o_r);
     }
     ScaleRow(o_r, L, 1.0f / l_all);
   }

@@ -12,6 +12,7 @@
 
 #include <stddef.h>
 
+#include <cmath>
 #include <limits>
 
 #include "hwy/highway.h"
@@ -29,12 +30,13 @@ constexpr size_t kTileRows = 6;
 constexpr size_t kTileVecs = 2;
 
 // The C block of kRows x kVecs vectors at B's column `col`:
-//   acc[r][v] = sum_{k < K} A[r*lda + k] * B[k*ldb + col + v*N]
+//   acc[r][v] = sum_{k < K} A[r*lda + k*ka] * B[k*ldb + col + v*N]
+// (ka = 1 for a row-major A; ka > 1 reads A transposed, e.g. P^T).
 // then epilogue(d, r, col + v*N, acc[r][v]) for each of them.  Caller
 // guarantees that B holds kVecs full vectors (of `d`) from `col` on.
 template <size_t kRows, size_t kVecs, class D, class Epilogue>
 HWY_INLINE void MicroTile(D d, size_t K, const float* HWY_RESTRICT a, size_t lda,
-                          const float* HWY_RESTRICT b, size_t ldb, size_t col,
+                          size_t ka, const float* HWY_RESTRICT b, size_t ldb, size_t col,
                           const Epilogue& epilogue) {
   static_assert(1 <= kRows && kRows <= kTileRows, "rows");
   static_assert(1 <= kVecs && kVecs <= kTileVecs, "vectors");
@@ -44,12 +46,13 @@ HWY_INLINE void MicroTile(D d, size_t K, const float* HWY_RESTRICT a, size_t lda
   V c20 = hn::Zero(d), c21 = hn::Zero(d), c30 = hn::Zero(d), c31 = hn::Zero(d);
   V c40 = hn::Zero(d), c41 = hn::Zero(d), c50 = hn::Zero(d), c51 = hn::Zero(d);
   const float* HWY_RESTRICT bk = b + col;
-  for (size_t k = 0; k < K; ++k, bk += ldb) {
+  const float* HWY_RESTRICT ak = a;
+  for (size_t k = 0; k < K; ++k, bk += ldb, ak += ka) {
     const V b0 = hn::LoadU(d, bk);
     const V b1 = kVecs > 1 ? hn::LoadU(d, bk + N) : b0;
 #define HEADSUM_ROW_FMA(r)                                  \
   if constexpr (kRows > r) {                                \
-    const V ar = hn::Set(d, a[r * lda + k]);                \
+    const V ar = hn::Set(d, ak[r * lda]);                   \
     c##r##0 = hn::MulAdd(ar, b0, c##r##0);                  \
     if constexpr (kVecs > 1) c##r##1 = hn::MulAdd(ar, b1, c##r##1); \
   }
@@ -80,20 +83,20 @@ HWY_INLINE void MicroTile(D d, size_t K, const float* HWY_RESTRICT a, size_t lda
 // full load on SSE4, so the tail never touches memory past column cols-1).
 template <size_t kRows, class Epilogue>
 HWY_INLINE void MatMulRows(size_t cols, size_t K, const float* HWY_RESTRICT a,
-                           size_t lda, const float* HWY_RESTRICT b, size_t ldb,
+                           size_t lda, size_t ka, const float* HWY_RESTRICT b, size_t ldb,
                            const Epilogue& epilogue) {
   const hn::ScalableTag<float> d;
   const size_t N = hn::Lanes(d);
   size_t col = 0;
   for (; col + kTileVecs * N <= cols; col += kTileVecs * N) {
-    MicroTile<kRows, kTileVecs>(d, K, a, lda, b, ldb, col, epilogue);
+    MicroTile<kRows, kTileVecs>(d, K, a, lda, ka, b, ldb, col, epilogue);
   }
   for (; col + N <= cols; col += N) {
-    MicroTile<kRows, 1>(d, K, a, lda, b, ldb, col, epilogue);
+    MicroTile<kRows, 1>(d, K, a, lda, ka, b, ldb, col, epilogue);
   }
   const hn::CappedTag<float, 1> d1;
   for (; col < cols; ++col) {
-    MicroTile<kRows, 1>(d1, K, a, lda, b, ldb, col, epilogue);
+    MicroTile<kRows, 1>(d1, K, a, lda, ka, b, ldb, col, epilogue);
   }
 }
 
@@ -102,28 +105,40 @@ HWY_INLINE void MatMulRows(size_t cols, size_t K, const float* HWY_RESTRICT a,
 // Every element of C is one FMA chain over k in order 0..K-1, whatever tile
 // computed it: results do not depend on how callers split rows or columns.
 template <class Epilogue>
-HWY_INLINE void MatMul(size_t rows, size_t cols, size_t K, const float* HWY_RESTRICT a,
-                       size_t lda, const float* HWY_RESTRICT b, size_t ldb,
-                       const Epilogue& epilogue) {
+HWY_INLINE void MatMulStridedA(size_t rows, size_t cols, size_t K, const float* HWY_RESTRICT a,
+                               size_t lda, size_t ka, const float* HWY_RESTRICT b,
+                               size_t ldb, const Epilogue& epilogue) {
   size_t r0 = 0;
   for (; r0 + kTileRows <= rows; r0 += kTileRows) {
     const auto shifted = [&](auto d, size_t r, size_t c, auto acc) {
       epilogue(d, r0 + r, c, acc);
     };
-    MatMulRows<kTileRows>(cols, K, a + r0 * lda, lda, b, ldb, shifted);
+    MatMulRows<kTileRows>(cols, K, a + r0 * lda, lda, ka, b, ldb, shifted);
   }
   const auto shifted = [&](auto d, size_t r, size_t c, auto acc) {
     epilogue(d, r0 + r, c, acc);
   };
   const float* HWY_RESTRICT a_rest = a + r0 * lda;
   switch (rows - r0) {
-    case 1: MatMulRows<1>(cols, K, a_rest, lda, b, ldb, shifted); break;
-    case 2: MatMulRows<2>(cols, K, a_rest, lda, b, ldb, shifted); break;
-    case 3: MatMulRows<3>(cols, K, a_rest, lda, b, ldb, shifted); break;
-    case 4: MatMulRows<4>(cols, K, a_rest, lda, b, ldb, shifted); break;
-    case 5: MatMulRows<5>(cols, K, a_rest, lda, b, ldb, shifted); break;
+    case 1: MatMulRows<1>(cols, K, a_rest, lda, ka, b, ldb, shifted); break;
+    case 2: MatMulRows<2>(cols, K, a_rest, lda, ka, b, ldb, shifted); break;
+    case 3: MatMulRows<3>(cols, K, a_rest, lda, ka, b, ldb, shifted); break;
+    case 4: MatMulRows<4>(cols, K, a_rest, lda, ka, b, ldb, shifted); break;
+    case 5: MatMulRows<5>(cols, K, a_rest, lda, ka, b, ldb, shifted); break;
     default: break;
   }
+}
+
+// C = A B for a row-major A [rows][K] (row stride lda), B [K][cols] (row
+// stride ldb); epilogue(d, row, col, acc) receives each vector (or single
+// lane) of C.  Every element of C is one FMA chain over k in order 0..K-1,
+// whatever tile computed it: results do not depend on how callers split
+// rows or columns.
+template <class Epilogue>
+HWY_INLINE void MatMul(size_t rows, size_t cols, size_t K, const float* HWY_RESTRICT a,
+                       size_t lda, const float* HWY_RESTRICT b, size_t ldb,
+                       const Epilogue& epilogue) {
+  MatMulStridedA(rows, cols, K, a, lda, 1, b, ldb, epilogue);
 }
 
 // ---------------------------------------------------------------------------
@@ -162,11 +177,13 @@ HWY_INLINE float RowMax(const float* HWY_RESTRICT x, size_t n) {
   size_t i = 0;
   if (n >= N) {
     auto m = hn::LoadU(d, x);
-    auto is_nan = hn::Ne(m, m);
+    // Not(Eq) rather than Ne: Ne is an ordered compare on some x86 targets
+    // (NaN != NaN comes out false there), Eq is ordered everywhere.
+    auto is_nan = hn::Not(hn::Eq(m, m));
     for (i = N; i + N <= n; i += N) {
       const auto v = hn::LoadU(d, x + i);
       m = hn::Max(m, v);
-      is_nan = hn::Or(is_nan, hn::Ne(v, v));
+      is_nan = hn::Or(is_nan, hn::Not(hn::Eq(v, v)));
     }
     nan = !hn::AllFalse(d, is_nan);
     HWY_ALIGN float lanes[HWY_MAX_BYTES / sizeof(float)];
@@ -195,28 +212,32 @@ HWY_INLINE void AddScaled(float alpha, const float* HWY_RESTRICT b, size_t n,
 // every row of a 6-row tile sees; the few keys only later rows see are added
 // per row, so a row never multiplies a value row it cannot see (0 * NaN
 // would leak a NaN from a masked value into it).
+// P[r][j] is at p[r * ldp + j * kp] (kp = 1: row-major P; kp > 1: P^T).
 // accumulate: add to out instead of overwriting it.
 HWY_INLINE void WeightedSumRagged(size_t rows, size_t L, const float* HWY_RESTRICT p,
-                                  size_t ldp, const size_t* keys, const float* HWY_RESTRICT v,
-                                  float* HWY_RESTRICT out, size_t ldo, bool accumulate) {
+                                  size_t ldp, size_t kp, const size_t* keys,
+                                  const float* HWY_RESTRICT v, float* HWY_RESTRICT out,
+                                  size_t ldo, bool accumulate) {
   for (size_t r0 = 0; r0 < rows; r0 += kTileRows) {
     const size_t tile = rows - r0 < kTileRows ? rows - r0 : kTileRows;
     const size_t common = keys[r0];
     const float* HWY_RESTRICT p0 = p + r0 * ldp;
     float* HWY_RESTRICT o0 = out + r0 * ldo;
     if (accumulate) {
-      MatMul(tile, L, common, p0, ldp, v, L, [&](auto d, size_t r, size_t c, auto acc) {
-        float* HWY_RESTRICT dst = o0 + r * ldo + c;
-        hn::StoreU(hn::Add(hn::LoadU(d, dst), acc), d, dst);
-      });
+      MatMulStridedA(tile, L, common, p0, ldp, kp, v, L,
+                     [&](auto d, size_t r, size_t c, auto acc) {
+                       float* HWY_RESTRICT dst = o0 + r * ldo + c;
+                       hn::StoreU(hn::Add(hn::LoadU(d, dst), acc), d, dst);
+                     });
     } else {
-      MatMul(tile, L, common, p0, ldp, v, L, [&](auto d, size_t r, size_t c, auto acc) {
-        hn::StoreU(acc, d, o0 + r * ldo + c);
-      });
+      MatMulStridedA(tile, L, common, p0, ldp, kp, v, L,
+                     [&](auto d, size_t r, size_t c, auto acc) {
+                       hn::StoreU(acc, d, o0 + r * ldo + c);
+                     });
     }
     for (size_t r = 1; r < tile; ++r) {
       for (size_t j = common; j < keys[r0 + r]; ++j) {
-        AddScaled(p0[r * ldp + j], v + j * L, L, o0 + r * ldo);
+        AddScaled(p0[r * ldp + j * kp], v + j * L, L, o0 + r * ldo);
       }
     }
   }
@@ -247,18 +268,38 @@ HWY_INLINE float ExpShiftedRow(const float* HWY_RESTRICT x, size_t n, float shif
 }
 
 // sum_i x[i]^2 in a fixed order.
-HWY_INLINE float SumOfSquares(const float* HWY_RESTRICT x, size_t n) {
+HWY_INLINE float SumOfSquares(const float* HWY_RESTRICT x, size_t n, float scale = 1.0f) {
   const hn::ScalableTag<float> d;
   const size_t N = hn::Lanes(d);
+  const auto vscale = hn::Set(d, scale);
   auto sum = hn::Zero(d);
   size_t i = 0;
   for (; i + N <= n; i += N) {
-    const auto v = hn::LoadU(d, x + i);
+    const auto v = hn::Mul(hn::LoadU(d, x + i), vscale);
     sum = hn::MulAdd(v, v, sum);
   }
   float total = hn::GetLane(hn::SumOfLanes(d, sum));
-  for (; i < n; ++i) total += x[i] * x[i];
+  for (; i < n; ++i) total += (x[i] * scale) * (x[i] * scale);
   return total;
+}
+
+// ||x||_2 without overflow or underflow in the squares: when the largest
+// magnitude is far from 1, the squares are taken of x scaled by a power of
+// two near 1 / max|x|.
+HWY_INLINE float Norm2(const float* HWY_RESTRICT x, size_t n) {
+  float max_abs = 0.0f;
+  bool nan = false;
+  for (size_t i = 0; i < n; ++i) {
+    const float a = std::fabs(x[i]);
+    nan |= a != a;
+    max_abs = a > max_abs ? a : max_abs;
+  }
+  if (nan) return std::numeric_limits<float>::quiet_NaN();
+  if (max_abs == 0.0f || max_abs == std::numeric_limits<float>::infinity()) return max_abs;
+  if (max_abs < 1e15f && max_abs > 1e-15f) return std::sqrt(SumOfSquares(x, n));
+  // A power of two scales exactly.
+  const int exponent = std::ilogb(max_abs);
+  return std::ldexp(std::sqrt(SumOfSquares(x, n, std::ldexp(1.0f, -exponent))), exponent);
 }
 
 // sum_i x[i] y[i] in a fixed order.

@@ -82,7 +82,7 @@ inline void ContributionNormsRows(const ProjDims& p, const float* HWY_RESTRICT h
         hn::StoreU(acc, d, scratch + r * D + c);
       });
       for (size_t r = 0; r < rows; ++r) {
-        out[(b * S + r0 + r) * H + h] = std::sqrt(SumOfSquares(scratch + r * D, D));
+        out[(b * S + r0 + r) * H + h] = Norm2(scratch + r * D, D);
       }
     }
   }

@@ -47,7 +47,7 @@ struct ProjectArgs {
 // Query rows of one fused-attention work item: the dispatcher splits by it
 // and the kernel sizes its scratch by it.  Enough rows to reuse each packed
 // K^T tile many times.
-constexpr size_t kAttentionQueryBlock = 48;
+constexpr size_t kAttentionQueryBlock = 64;
 
 }  // namespace headsum
 

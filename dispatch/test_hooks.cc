@@ -1,0 +1,38 @@
+#include "dispatch/test_hooks.h"
+
+#include <atomic>
+
+namespace headsum {
+namespace {
+
+// Allocations left before they start to fail; < 0: never fail.
+std::atomic<long> g_allocations_left{-1};
+
+// Whether this allocation may go ahead: consumes one of the allowed ones.
+bool AllocationAllowed() {
+  long left = g_allocations_left.load(std::memory_order_relaxed);
+  while (left > 0) {
+    if (g_allocations_left.compare_exchange_weak(left, left - 1, std::memory_order_relaxed)) {
+      return true;
+    }
+  }
+  return left < 0;
+}
+
+}  // namespace
+
+namespace testing {
+void FailAllocationsAfter(long n) {
+  g_allocations_left.store(n < 0 ? -1 : n, std::memory_order_relaxed);
+}
+}  // namespace testing
+
+namespace dispatch {
+hwy::AlignedFreeUniquePtr<float[]> AllocateFloats(size_t n) {
+  if (!AllocationAllowed()) return hwy::AlignedFreeUniquePtr<float[]>(nullptr, hwy::AlignedFreer());
+  // AllocateAligned returns null (never throws) when n * sizeof(float)
+  // overflows or the allocator has no memory.
+  return hwy::AllocateAligned<float>(n);
+}
+}  // namespace dispatch
+}  // namespace headsum

@@ -1,0 +1,37 @@
+// The library's single allocation point, and a test hook that makes it fail.
+//
+// Every buffer the library allocates for itself (per-thread scratch in
+// ParallelItems, attention's key-split partials, attribution's Wo directions^T,
+// a reusable attribution basis) comes from AllocateFloats, so a test can make
+// the n-th allocation fail and check that the call returns
+// HEADSUM_ERR_OUT_OF_MEMORY, writes no output and leaks nothing.
+#ifndef HEADSUM_DISPATCH_TEST_HOOKS_H_
+#define HEADSUM_DISPATCH_TEST_HOOKS_H_
+
+#include <stddef.h>
+
+#include "hwy/aligned_allocator.h"
+
+namespace headsum {
+namespace testing {
+
+// n >= 0: the next n allocations succeed (memory permitting), every one after
+// them fails until the next call.  n < 0 (the start-up state): no allocation
+// is made to fail.  Process-wide: the counter is one std::atomic, shared by
+// every thread.  For tests only.
+void FailAllocationsAfter(long n);
+
+}  // namespace testing
+
+namespace dispatch {
+
+// `n` floats, aligned as hwy::AllocateAligned aligns them, or a null pointer
+// when the memory is not there: the allocator failed, n * sizeof(float)
+// overflows size_t, or FailAllocationsAfter said so.  Never throws, never
+// aborts.  The one way the library allocates its buffers.
+hwy::AlignedFreeUniquePtr<float[]> AllocateFloats(size_t n);
+
+}  // namespace dispatch
+}  // namespace headsum
+
+#endif  // HEADSUM_DISPATCH_TEST_HOOKS_H_
