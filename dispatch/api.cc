@@ -196,7 +196,7 @@ headsum_status headsum_head_attribution(const headsum_proj_shape* shape, const f
   HEADSUM_CHECK(CheckElements(fn, "directions [R][D]", &n, n_directions, shape->model_dim));
   HEADSUM_CHECK(CheckElements(fn, "out [B][S][H][R]", &n, shape->batch, shape->seq,
                               shape->heads, n_directions));
-  HEADSUM_CHECK(CheckElements(fn, "Wo directions^T [H*L][R]", &n, shape->heads,
+  HEADSUM_CHECK(CheckElements(fn, "Wo directions^T [H][R][L]", &n, shape->heads,
                               shape->head_dim, n_directions));
   return Guarded(fn, [&] {
     return Reported(fn, HeadAttribution(p, heads, wo, directions,
@@ -208,7 +208,7 @@ headsum_status headsum_head_attribution(const headsum_proj_shape* shape, const f
 
 struct headsum_attribution_basis {
   int64_t heads, head_dim, model_dim, n_directions;
-  hwy::AlignedFreeUniquePtr<float[]> wd;  // [H*L][R]
+  hwy::AlignedFreeUniquePtr<float[]> wd;  // [H][R][L]
 };
 
 extern "C" {
@@ -229,7 +229,7 @@ headsum_status headsum_attribution_basis_create(const headsum_proj_shape* shape,
   }
   uint64_t n;
   HEADSUM_CHECK(CheckElements(fn, "directions [R][D]", &n, n_directions, shape->model_dim));
-  HEADSUM_CHECK(CheckElements(fn, "basis [H*L][R]", &n, shape->heads, shape->head_dim,
+  HEADSUM_CHECK(CheckElements(fn, "basis [H][R][L]", &n, shape->heads, shape->head_dim,
                               n_directions));
   return Guarded(fn, [&] {
     headsum_attribution_basis* made = new (std::nothrow) headsum_attribution_basis{

@@ -23,11 +23,11 @@ headsum_status ProjectHeadsSum(const ProjDims& p, const float* heads, const floa
                                float* per_head);
 headsum_status HeadAttribution(const ProjDims& p, const float* heads, const float* wo,
                                const float* directions, size_t n_directions, float* out);
-// wd[h*L + l][r] = Wo[h*L + l] . directions[r]   ([H*L][R]).
+// wd[h][r][l] = Wo[h*L + l] . directions[r]   ([H][R][L]).
 headsum_status ProjectWeightsOntoDirections(const ProjDims& p, const float* wo,
                                            const float* directions, size_t n_directions,
                                            float* wd);
-// out[b][s][h][r] = O_h[s] . wd[h][:, r].
+// out[b][s][h][r] = O_h[s] . wd[h][r].
 headsum_status AttributionFromBasis(const ProjDims& p, const float* heads, const float* wd,
                                     size_t n_directions, float* out);
 headsum_status HeadContributionNorms(const ProjDims& p, const float* heads, const float* wo,

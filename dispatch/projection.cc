@@ -105,7 +105,7 @@ headsum_status AttributionFromBasis(const ProjDims& p, const float* heads, const
 headsum_status HeadAttribution(const ProjDims& p, const float* heads, const float* wo,
                                const float* directions, size_t n_directions, float* out) {
   const size_t t = TableIndex(ActiveTarget());
-  // wd = Wo directions^T [H*L][R], once per call; then O(L R) per (s, h).
+  // wd = Wo[h] directions^T as [H][R][L], once per call; then O(L R) per (s, h).
   hwy::AlignedFreeUniquePtr<float[]> wd = AllocateFloats(p.inner() * n_directions);
   if (!wd) return HEADSUM_ERR_OUT_OF_MEMORY;
   if (headsum_status s = WeightsOntoDirections(t, p, wo, directions, n_directions, wd.get())) {

@@ -88,29 +88,33 @@ inline void ContributionNormsRows(const ProjDims& p, const float* HWY_RESTRICT h
   }
 }
 
-// wd[h*L + l][r] = Wo[h*L + l] . directions[r]: each head's output weights
-// projected onto the directions, [H*L][R].  Rows [k0, k1) of it.
+// wd[h][r][l] = Wo[h*L + l] . directions[r]: each head's output weights
+// projected onto the directions, laid out [H][R][L] so that each (h, r) is
+// one contiguous L-vector.  Rows k = h*L + l in [k0, k1) of Wo.
 inline void ProjectWeightsOntoDirections(const ProjDims& p, const float* HWY_RESTRICT wo,
                                          const float* HWY_RESTRICT directions, size_t R,
                                          float* HWY_RESTRICT wd, size_t k0, size_t k1) {
-  const size_t D = p.model_dim;
+  const size_t D = p.model_dim, L = p.head_dim;
   for (size_t k = k0; k < k1; ++k) {
-    for (size_t r = 0; r < R; ++r) wd[k * R + r] = Dot(wo + k * D, directions + r * D, D);
+    const size_t h = k / L, l = k % L;
+    for (size_t r = 0; r < R; ++r) {
+      wd[(h * R + r) * L + l] = Dot(wo + k * D, directions + r * D, D);
+    }
   }
 }
 
-// out[b][s][h][r] = O_h[s] . wd[h][:, r]  ==  (O_h[s] Wo[h]) . directions[r],
+// out[b][s][h][r] = O_h[s] . wd[h][r]  ==  (O_h[s] Wo[h]) . directions[r],
 // for rows [s0, s1) of batch b: O(L R) per (s, h) instead of O(L D + D R).
 inline void AttributionRows(const ProjDims& p, const float* HWY_RESTRICT heads,
                             const float* HWY_RESTRICT wd, size_t R, float* HWY_RESTRICT out,
                             size_t b, size_t s0, size_t s1) {
   const size_t S = p.seq, H = p.heads, L = p.head_dim;
-  for (size_t h = 0; h < H; ++h) {
-    const float* HWY_RESTRICT o_h = heads + ((b * H + h) * S + s0) * L;
-    float* HWY_RESTRICT out_h = out + ((b * S + s0) * H + h) * R;
-    MatMul(s1 - s0, R, L, o_h, L, wd + h * L * R, R, [&](auto d, size_t r, size_t c, auto acc) {
-      hn::StoreU(acc, d, out_h + r * H * R + c);
-    });
+  for (size_t s = s0; s < s1; ++s) {
+    for (size_t h = 0; h < H; ++h) {
+      const float* HWY_RESTRICT o = heads + ((b * H + h) * S + s) * L;
+      float* HWY_RESTRICT out_sh = out + ((b * S + s) * H + h) * R;
+      for (size_t r = 0; r < R; ++r) out_sh[r] = Dot(o, wd + (h * R + r) * L, L);
+    }
   }
 }
 

@@ -11,3 +11,5 @@ cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DHEADSUM_BUILD_TESTS=OFF
 cmake --build "$build" -j"$(nproc)" --target headsum_bench
 export OMP_PROC_BIND=true OMP_PLACES=cores
 python3 scripts/bench_table.py --bench "$build/bench/headsum_bench" --plot bench-results.png "$@"
+cmake --build "$build" -j"$(nproc)" --target headsum_per_head_bench
+python3 scripts/per_head_table.py --bench "$build/bench/headsum_per_head_bench"

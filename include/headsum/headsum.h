@@ -113,7 +113,7 @@ headsum_status headsum_head_attribution(const headsum_proj_shape* shape,
                                         const float* directions, int64_t n_directions,
                                         float* out);
 /* The reusable form of attribution for weights and directions that stay
- * fixed across calls: basis[h][l][r] = Wo[h][l] . directions[r], computed
+ * fixed across calls: basis[h][r][l] = Wo[h][l] . directions[r], computed
  * once (O(H L D R)); each attribution through it then costs O(B S H L R).
  * Only heads, head_dim and model_dim of `shape` matter here; batch and seq
  * must still be >= 1.  Free with headsum_attribution_basis_free (NULL ok). */
