@@ -324,6 +324,58 @@ void RegisterAttnPair(const AttnKernel& kernel, const headsum_attn_shape& shape,
   }
 }
 
+// The same kernels forced onto lower targets: no target may stay a naive
+// loop.  BM_<kernel>/at_<TARGET>/..., pct_peak against that target's own
+// measured peak (its context key peak_gflops_<TARGET>).
+void RegisterLowerTargets() {
+  static const char* const kTargets[] = {"AVX2", "SSE4"};
+  for (const char* target : kTargets) {
+    const double peak = MeasureTargetPeak(target);
+    if (peak <= 0) continue;
+    benchmark::AddCustomContext(std::string("peak_gflops_") + target, std::to_string(peak));
+    for (const AttnKernel& kernel : kAttnKernels) {
+      if (std::strcmp(kernel.name, "attention") != 0) continue;
+      for (const bool causal : {false, true}) {
+        const headsum_attn_shape shape = AttnShape(512, 512, causal);
+        std::string name = AttnName(kernel, false, shape, 1);
+        name.replace(name.find("/headsum/"), 9, std::string("/at_") + target + "/");
+        benchmark::RegisterBenchmark(name.c_str(),
+                                     [&kernel, shape, target, peak](benchmark::State& state) {
+                                       if (headsum_set_target(target) != HEADSUM_OK) {
+                                         state.SkipWithError(headsum_last_error());
+                                         return;
+                                       }
+                                       const double best = g_peak_gflops_per_core;
+                                       g_peak_gflops_per_core = peak;
+                                       RunAttn(state, kernel, false, shape, 1);
+                                       g_peak_gflops_per_core = best;
+                                       headsum_set_target(nullptr);
+                                     })
+            ->UseRealTime()
+            ->Unit(benchmark::kMicrosecond);
+      }
+    }
+    {
+      const headsum_proj_shape shape = SeedAt(512, 512, false).proj();
+      std::string name = ProjName(false, shape, 1);
+      name.replace(name.find("/headsum/"), 9, std::string("/at_") + target + "/");
+      benchmark::RegisterBenchmark(name.c_str(), [shape, target, peak](benchmark::State& state) {
+        if (headsum_set_target(target) != HEADSUM_OK) {
+          state.SkipWithError(headsum_last_error());
+          return;
+        }
+        const double best = g_peak_gflops_per_core;
+        g_peak_gflops_per_core = peak;
+        RunProject(state, false, shape, 1);
+        g_peak_gflops_per_core = best;
+        headsum_set_target(nullptr);
+      })
+          ->UseRealTime()
+          ->Unit(benchmark::kMicrosecond);
+    }
+  }
+}
+
 void RegisterAll() {
   for (const AttnKernel& kernel : kAttnKernels) {
     for (const int64_t seq : kSeqLens) {
@@ -428,6 +480,7 @@ int main(int argc, char** argv) {
   headsum::bench::g_peak_gflops_per_core = peak.gflops;
   headsum::bench::AddContext(peak);
   headsum::bench::RegisterAll();
+  headsum::bench::RegisterLowerTargets();
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   return 0;

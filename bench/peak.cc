@@ -57,6 +57,7 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 #include <algorithm>
 #include <chrono>
+#include <string>
 
 #include "bench/peak.h"
 
@@ -81,6 +82,35 @@ Peak MeasureSingleCorePeak() {
   volatile float keep = sink;  // the chains' result is observed
   (void)keep;
   return Peak{best * 1e-9, HWY_DYNAMIC_DISPATCH(TargetOfProbe)()};
+}
+
+double MeasureTargetPeak(const char* target) {
+  for (int64_t rest = HWY_TARGETS; rest != 0; rest &= rest - 1) {
+    const int64_t t = rest & -rest;
+    if (std::string(hwy::TargetName(t)) != target) continue;
+    const bool runs = t == HWY_SCALAR || t == HWY_EMU128 || (hwy::SupportedTargets() & t) != 0;
+    if (!runs) return 0.0;
+    // The HWY_EXPORT table's entry for t (as dispatch/targets.cc computes it).
+    const size_t index = (t == HWY_SCALAR || t == HWY_EMU128)
+                             ? HWY_MAX_DYNAMIC_TARGETS + 1
+                             : hwy::Num0BitsBelowLS1Bit_Nonzero64(
+                                   static_cast<uint64_t>(HWY_CHOSEN_TARGET_SHIFT(t)));
+    const auto probe = HWY_DISPATCH_TABLE(FmaChains)[index];
+    float sink = 0.0f;
+    constexpr size_t kReps = size_t{1} << 22;
+    probe(kReps, &sink);
+    double best = 0.0;
+    for (int trial = 0; trial < 5; ++trial) {
+      const auto start = std::chrono::steady_clock::now();
+      const double flops = probe(kReps, &sink);
+      const std::chrono::duration<double> seconds = std::chrono::steady_clock::now() - start;
+      best = std::max(best, flops / seconds.count());
+    }
+    volatile float keep = sink;
+    (void)keep;
+    return best * 1e-9;
+  }
+  return 0.0;
 }
 
 }  // namespace bench

@@ -15,6 +15,11 @@ struct Peak {
 // milliseconds at the best Highway target this CPU supports; best of 5.
 Peak MeasureSingleCorePeak();
 
+// The same probe forced onto the Highway target named `target` ("AVX2",
+// "SSE4"...): that target's own peak, the yardstick of its kernels.  0 when
+// this build did not compile it or the CPU cannot run it.
+double MeasureTargetPeak(const char* target);
+
 }  // namespace bench
 }  // namespace headsum
 

@@ -39,6 +39,7 @@ from pathlib import Path
 HEADSUM = "headsum"
 ONEDNN = "onednn"
 IMPLS = (HEADSUM, ONEDNN)
+LOWER_PREFIX = "at_"  # headsum forced onto a lower target: BM_k/at_AVX2/...
 
 
 @dataclass
@@ -101,7 +102,8 @@ def run_bench(binary: str, repetitions: int, extra: list[str]) -> dict:
 def parse_name(run_name: str) -> tuple[str, str, dict[str, int]] | None:
     """'BM_k/impl/a:1/b:2/real_time' -> ('k', 'impl', {'a': 1, 'b': 2})."""
     parts = run_name.split("/")
-    if len(parts) < 2 or not parts[0].startswith("BM_") or parts[1] not in IMPLS:
+    if len(parts) < 2 or not parts[0].startswith("BM_") or not (
+            parts[1] in IMPLS or parts[1].startswith(LOWER_PREFIX)):
         return None
     params: dict[str, int] = {}
     for part in parts[2:]:
@@ -498,6 +500,14 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(context_lines(doc)))
     print()
     print("\n".join(table_lines(pairs, args.markdown)))
+    lower = [r for p in pairs for impl, r in sorted(p.rows.items()) if impl.startswith(LOWER_PREFIX)]
+    if lower:
+        print("\nheadsum forced onto lower targets (1 thread; % of that target's own peak)\n")
+        print(f"{'kernel':<18} {'shape':<22} {'target':<8} {'GFLOP/s':>8} {'% own peak':>11}")
+        for r in lower:
+            shape = shape_text(r.params, common_params(pairs))
+            print(f"{r.kernel:<18} {shape:<22} {r.impl[len(LOWER_PREFIX):]:<8} "
+                  f"{fmt(r.gflops):>8} {fmt(r.pct_peak):>11}")
     if args.plot:
         ctx = doc.get("context", {})
         title = (f"headsum vs oneDNN, {ctx.get('headsum_target', '?')}, "
