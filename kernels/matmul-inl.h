@@ -23,11 +23,17 @@ namespace headsum {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-// Rows of C held in registers at once.  6 rows x 2 vectors = 12 independent
-// accumulators: 2 FMA ports x 4 cycles latency need at least 8 in flight, and
-// each k step costs 2 vector loads of B plus 6 broadcasts of A for 12 FMAs.
+// Rows x vectors of C held in registers at once.  With 32 vector registers
+// (AVX-512, Arm): 8 rows x 3 vectors = 24 accumulators, 3 loads of B and 8
+// broadcasts of A per 24 FMAs.  With 16 (AVX2, SSE): 6 x 2 = 12
+// accumulators, still >= 8 independent chains for 2 FMA ports x 4 cycles.
+#if (HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3) || HWY_ARCH_ARM_A64
+constexpr size_t kTileRows = 8;
+constexpr size_t kTileVecs = 3;
+#else
 constexpr size_t kTileRows = 6;
 constexpr size_t kTileVecs = 2;
+#endif
 
 // The C block of kRows x kVecs vectors at B's column `col`:
 //   acc[r][v] = sum_{k < K} A[r*lda + k*ka] * B[k*ldb + col + v*N]
@@ -38,23 +44,31 @@ template <size_t kRows, size_t kVecs, class D, class Epilogue>
 HWY_INLINE void MicroTile(D d, size_t K, const float* HWY_RESTRICT a, size_t lda,
                           size_t ka, const float* HWY_RESTRICT b, size_t ldb, size_t col,
                           const Epilogue& epilogue) {
-  static_assert(1 <= kRows && kRows <= kTileRows, "rows");
-  static_assert(1 <= kVecs && kVecs <= kTileVecs, "vectors");
+  static_assert(1 <= kRows && kRows <= 8, "rows");
+  static_assert(1 <= kVecs && kVecs <= 3, "vectors");
   using V = hn::Vec<D>;
   const size_t N = hn::Lanes(d);
-  V c00 = hn::Zero(d), c01 = hn::Zero(d), c10 = hn::Zero(d), c11 = hn::Zero(d);
-  V c20 = hn::Zero(d), c21 = hn::Zero(d), c30 = hn::Zero(d), c31 = hn::Zero(d);
-  V c40 = hn::Zero(d), c41 = hn::Zero(d), c50 = hn::Zero(d), c51 = hn::Zero(d);
+  // Unused accumulators (rows >= kRows, vectors >= kVecs) compile away.
+  V c00 = hn::Zero(d), c01 = hn::Zero(d), c02 = hn::Zero(d);
+  V c10 = hn::Zero(d), c11 = hn::Zero(d), c12 = hn::Zero(d);
+  V c20 = hn::Zero(d), c21 = hn::Zero(d), c22 = hn::Zero(d);
+  V c30 = hn::Zero(d), c31 = hn::Zero(d), c32 = hn::Zero(d);
+  V c40 = hn::Zero(d), c41 = hn::Zero(d), c42 = hn::Zero(d);
+  V c50 = hn::Zero(d), c51 = hn::Zero(d), c52 = hn::Zero(d);
+  V c60 = hn::Zero(d), c61 = hn::Zero(d), c62 = hn::Zero(d);
+  V c70 = hn::Zero(d), c71 = hn::Zero(d), c72 = hn::Zero(d);
   const float* HWY_RESTRICT bk = b + col;
   const float* HWY_RESTRICT ak = a;
   for (size_t k = 0; k < K; ++k, bk += ldb, ak += ka) {
     const V b0 = hn::LoadU(d, bk);
     const V b1 = kVecs > 1 ? hn::LoadU(d, bk + N) : b0;
-#define HEADSUM_ROW_FMA(r)                                  \
-  if constexpr (kRows > r) {                                \
-    const V ar = hn::Set(d, ak[r * lda]);                   \
-    c##r##0 = hn::MulAdd(ar, b0, c##r##0);                  \
+    const V b2 = kVecs > 2 ? hn::LoadU(d, bk + 2 * N) : b0;
+#define HEADSUM_ROW_FMA(r)                                          \
+  if constexpr (kRows > r) {                                        \
+    const V ar = hn::Set(d, ak[r * lda]);                           \
+    c##r##0 = hn::MulAdd(ar, b0, c##r##0);                          \
     if constexpr (kVecs > 1) c##r##1 = hn::MulAdd(ar, b1, c##r##1); \
+    if constexpr (kVecs > 2) c##r##2 = hn::MulAdd(ar, b2, c##r##2); \
   }
     HEADSUM_ROW_FMA(0)
     HEADSUM_ROW_FMA(1)
@@ -62,12 +76,15 @@ HWY_INLINE void MicroTile(D d, size_t K, const float* HWY_RESTRICT a, size_t lda
     HEADSUM_ROW_FMA(3)
     HEADSUM_ROW_FMA(4)
     HEADSUM_ROW_FMA(5)
+    HEADSUM_ROW_FMA(6)
+    HEADSUM_ROW_FMA(7)
 #undef HEADSUM_ROW_FMA
   }
-#define HEADSUM_ROW_OUT(r)                                          \
-  if constexpr (kRows > r) {                                        \
-    epilogue(d, r, col, c##r##0);                                   \
-    if constexpr (kVecs > 1) epilogue(d, r, col + N, c##r##1);      \
+#define HEADSUM_ROW_OUT(r)                                             \
+  if constexpr (kRows > r) {                                           \
+    epilogue(d, r, col, c##r##0);                                      \
+    if constexpr (kVecs > 1) epilogue(d, r, col + N, c##r##1);         \
+    if constexpr (kVecs > 2) epilogue(d, r, col + 2 * N, c##r##2);     \
   }
   HEADSUM_ROW_OUT(0)
   HEADSUM_ROW_OUT(1)
@@ -75,6 +92,8 @@ HWY_INLINE void MicroTile(D d, size_t K, const float* HWY_RESTRICT a, size_t lda
   HEADSUM_ROW_OUT(3)
   HEADSUM_ROW_OUT(4)
   HEADSUM_ROW_OUT(5)
+  HEADSUM_ROW_OUT(6)
+  HEADSUM_ROW_OUT(7)
 #undef HEADSUM_ROW_OUT
 }
 
@@ -90,6 +109,12 @@ HWY_INLINE void MatMulRows(size_t cols, size_t K, const float* HWY_RESTRICT a,
   size_t col = 0;
   for (; col + kTileVecs * N <= cols; col += kTileVecs * N) {
     MicroTile<kRows, kTileVecs>(d, K, a, lda, ka, b, ldb, col, epilogue);
+  }
+  if constexpr (kTileVecs > 2) {
+    if (col + 2 * N <= cols) {
+      MicroTile<kRows, 2>(d, K, a, lda, ka, b, ldb, col, epilogue);
+      col += 2 * N;
+    }
   }
   for (; col + N <= cols; col += N) {
     MicroTile<kRows, 1>(d, K, a, lda, ka, b, ldb, col, epilogue);
@@ -125,6 +150,8 @@ HWY_INLINE void MatMulStridedA(size_t rows, size_t cols, size_t K, const float* 
     case 3: MatMulRows<3>(cols, K, a_rest, lda, ka, b, ldb, shifted); break;
     case 4: MatMulRows<4>(cols, K, a_rest, lda, ka, b, ldb, shifted); break;
     case 5: MatMulRows<5>(cols, K, a_rest, lda, ka, b, ldb, shifted); break;
+    case 6: MatMulRows<6>(cols, K, a_rest, lda, ka, b, ldb, shifted); break;
+    case 7: MatMulRows<7>(cols, K, a_rest, lda, ka, b, ldb, shifted); break;
     default: break;
   }
 }
