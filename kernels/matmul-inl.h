@@ -23,16 +23,29 @@ namespace headsum {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-// Rows x vectors of C held in registers at once.  With 32 vector registers
-// (AVX-512, Arm): 8 rows x 3 vectors = 24 accumulators, 3 loads of B and 8
-// broadcasts of A per 24 FMAs.  With 16 (AVX2, SSE): 6 x 2 = 12
-// accumulators, still >= 8 independent chains for 2 FMA ports x 4 cycles.
-#if (HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3) || HWY_ARCH_ARM_A64
-constexpr size_t kTileRows = 8;
-constexpr size_t kTileVecs = 3;
+// Rows x vectors of C held in registers at once: 6 x 2 = 12 independent
+// accumulators (2 FMA ports x 4 cycles latency need >= 8 in flight), 2 loads
+// of B and 6 broadcasts of A per 12 FMAs; fits 16 vector registers.
+// The SCALAR fallback takes one column at a time: GCC 12's auto-vectorizer
+// turns its two neighbouring 1-lane loads of B into a wider load that reads
+// past the last row of B (found by tests/guard_pages_test.cc).
+#if HWY_TARGET == HWY_SCALAR
+constexpr size_t kTileRows = 6;
+constexpr size_t kTileVecs = 1;
 #else
 constexpr size_t kTileRows = 6;
 constexpr size_t kTileVecs = 2;
+#endif
+// A wider tile for long products with 32 vector registers (AVX-512, Arm):
+// 8 x 3 = 24 accumulators, 3 loads of B and 8 broadcasts per 24 FMAs.  The
+// projection gains from it (K = L per head, whole Y rows); the attention
+// products, with their short K and per-tile epilogues, run best on 6 x 2.
+#if (HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3) || HWY_ARCH_ARM_A64
+constexpr size_t kWideRows = 8;
+constexpr size_t kWideVecs = 3;
+#else
+constexpr size_t kWideRows = kTileRows;
+constexpr size_t kWideVecs = kTileVecs;
 #endif
 
 // The C block of kRows x kVecs vectors at B's column `col`:
@@ -100,17 +113,17 @@ HWY_INLINE void MicroTile(D d, size_t K, const float* HWY_RESTRICT a, size_t lda
 // kRows rows of C, columns [0, cols): full tiles of 2 vectors, then one
 // vector, then single lanes (Highway 1.0.3 has no LoadN, and MaskedLoad is a
 // full load on SSE4, so the tail never touches memory past column cols-1).
-template <size_t kRows, class Epilogue>
+template <size_t kRows, size_t kVecs, class Epilogue>
 HWY_INLINE void MatMulRows(size_t cols, size_t K, const float* HWY_RESTRICT a,
                            size_t lda, size_t ka, const float* HWY_RESTRICT b, size_t ldb,
                            const Epilogue& epilogue) {
   const hn::ScalableTag<float> d;
   const size_t N = hn::Lanes(d);
   size_t col = 0;
-  for (; col + kTileVecs * N <= cols; col += kTileVecs * N) {
-    MicroTile<kRows, kTileVecs>(d, K, a, lda, ka, b, ldb, col, epilogue);
+  for (; col + kVecs * N <= cols; col += kVecs * N) {
+    MicroTile<kRows, kVecs>(d, K, a, lda, ka, b, ldb, col, epilogue);
   }
-  if constexpr (kTileVecs > 2) {
+  if constexpr (kVecs > 2) {
     if (col + 2 * N <= cols) {
       MicroTile<kRows, 2>(d, K, a, lda, ka, b, ldb, col, epilogue);
       col += 2 * N;
@@ -129,29 +142,30 @@ HWY_INLINE void MatMulRows(size_t cols, size_t K, const float* HWY_RESTRICT a,
 // epilogue(d, row, col, acc) receives each vector (or single lane) of C.
 // Every element of C is one FMA chain over k in order 0..K-1, whatever tile
 // computed it: results do not depend on how callers split rows or columns.
-template <class Epilogue>
+// kR x kV: the register tile (kTileRows x kTileVecs or kWideRows x kWideVecs).
+template <size_t kR = kTileRows, size_t kV = kTileVecs, class Epilogue>
 HWY_INLINE void MatMulStridedA(size_t rows, size_t cols, size_t K, const float* HWY_RESTRICT a,
                                size_t lda, size_t ka, const float* HWY_RESTRICT b,
                                size_t ldb, const Epilogue& epilogue) {
   size_t r0 = 0;
-  for (; r0 + kTileRows <= rows; r0 += kTileRows) {
+  for (; r0 + kR <= rows; r0 += kR) {
     const auto shifted = [&](auto d, size_t r, size_t c, auto acc) {
       epilogue(d, r0 + r, c, acc);
     };
-    MatMulRows<kTileRows>(cols, K, a + r0 * lda, lda, ka, b, ldb, shifted);
+    MatMulRows<kR, kV>(cols, K, a + r0 * lda, lda, ka, b, ldb, shifted);
   }
   const auto shifted = [&](auto d, size_t r, size_t c, auto acc) {
     epilogue(d, r0 + r, c, acc);
   };
   const float* HWY_RESTRICT a_rest = a + r0 * lda;
   switch (rows - r0) {
-    case 1: MatMulRows<1>(cols, K, a_rest, lda, ka, b, ldb, shifted); break;
-    case 2: MatMulRows<2>(cols, K, a_rest, lda, ka, b, ldb, shifted); break;
-    case 3: MatMulRows<3>(cols, K, a_rest, lda, ka, b, ldb, shifted); break;
-    case 4: MatMulRows<4>(cols, K, a_rest, lda, ka, b, ldb, shifted); break;
-    case 5: MatMulRows<5>(cols, K, a_rest, lda, ka, b, ldb, shifted); break;
-    case 6: MatMulRows<6>(cols, K, a_rest, lda, ka, b, ldb, shifted); break;
-    case 7: MatMulRows<7>(cols, K, a_rest, lda, ka, b, ldb, shifted); break;
+    case 1: if constexpr (kR > 1) MatMulRows<1, kV>(cols, K, a_rest, lda, ka, b, ldb, shifted); break;
+    case 2: if constexpr (kR > 2) MatMulRows<2, kV>(cols, K, a_rest, lda, ka, b, ldb, shifted); break;
+    case 3: if constexpr (kR > 3) MatMulRows<3, kV>(cols, K, a_rest, lda, ka, b, ldb, shifted); break;
+    case 4: if constexpr (kR > 4) MatMulRows<4, kV>(cols, K, a_rest, lda, ka, b, ldb, shifted); break;
+    case 5: if constexpr (kR > 5) MatMulRows<5, kV>(cols, K, a_rest, lda, ka, b, ldb, shifted); break;
+    case 6: if constexpr (kR > 6) MatMulRows<6, kV>(cols, K, a_rest, lda, ka, b, ldb, shifted); break;
+    case 7: if constexpr (kR > 7) MatMulRows<7, kV>(cols, K, a_rest, lda, ka, b, ldb, shifted); break;
     default: break;
   }
 }
@@ -161,11 +175,11 @@ HWY_INLINE void MatMulStridedA(size_t rows, size_t cols, size_t K, const float* 
 // lane) of C.  Every element of C is one FMA chain over k in order 0..K-1,
 // whatever tile computed it: results do not depend on how callers split
 // rows or columns.
-template <class Epilogue>
+template <size_t kR = kTileRows, size_t kV = kTileVecs, class Epilogue>
 HWY_INLINE void MatMul(size_t rows, size_t cols, size_t K, const float* HWY_RESTRICT a,
                        size_t lda, const float* HWY_RESTRICT b, size_t ldb,
                        const Epilogue& epilogue) {
-  MatMulStridedA(rows, cols, K, a, lda, 1, b, ldb, epilogue);
+  MatMulStridedA<kR, kV>(rows, cols, K, a, lda, 1, b, ldb, epilogue);
 }
 
 // ---------------------------------------------------------------------------

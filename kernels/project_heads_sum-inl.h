@@ -54,7 +54,8 @@ inline void SumHeadsTile(const ProjDims& p, const ProjectArgs& args, size_t b, s
     const float* HWY_RESTRICT o_h = args.heads + ((b * H + h) * S + s0) * L;
     const float* HWY_RESTRICT wo_h = args.wo + h * L * D + c0;
     // Y[s][c] += g_h * sum_l O_h[s][l] Wo[h][l][c]
-    MatMul(rows, cols, L, o_h, L, wo_h, D, [&](auto d, size_t r, size_t c, auto acc) {
+    MatMul<kWideRows, kWideVecs>(rows, cols, L, o_h, L, wo_h, D,
+                                 [&](auto d, size_t r, size_t c, auto acc) {
       if (contribution) hn::StoreU(acc, d, contribution + r * H * D + c);
       if (adds_to_y) {
         float* HWY_RESTRICT dst = y + r * D + c;
