@@ -9,6 +9,7 @@
 // decode, more than one qk_scores row block).  Every output element must be
 // written, and one shape in 16 is also checked against the reference, so the
 // test fails for wrong results as well as for crashes.
+#include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -26,6 +27,14 @@
 #include "reference.h"
 #include "shapes.h"
 #include "test_util.h"
+
+#if defined(__SANITIZE_ADDRESS__)
+#define HEADSUM_TEST_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define HEADSUM_TEST_ASAN 1
+#endif
+#endif
 
 namespace headsum_test {
 namespace {
@@ -47,13 +56,90 @@ size_t PageSize() {
   return page;
 }
 
+// ---- naming the culprit when a guard page is hit ------------------------------------------
+// The fault kills the test process; before it does, a SIGSEGV handler
+// writes which kernel call, shape and buffer hit which guard page, then
+// hands the fault on to the previous handler (the default, or a sanitizer's).
+
+struct GuardRecord {
+  const char* name;
+  uintptr_t guard_begin, guard_end;  // the PROT_NONE page
+  uintptr_t data_begin, data_end;    // the buffer
+};
+constexpr int kMaxRecords = 32;
+GuardRecord g_records[kMaxRecords];
+volatile sig_atomic_t g_record_count = 0;
+const char* volatile g_current_call = "";
+char g_current_shape[160] = "";
+const char* volatile g_current_guard = "";
+struct sigaction g_previous_segv;
+
+void WriteStr(const char* text) {
+  size_t n = 0;
+  while (text[n] != '\0') ++n;
+  ssize_t ignored = write(STDERR_FILENO, text, n);
+  (void)ignored;
+}
+void WriteHex(uintptr_t x) {
+  char buf[2 + 16 + 1];
+  buf[0] = '0';
+  buf[1] = 'x';
+  for (int i = 0; i < 16; ++i) buf[2 + i] = "0123456789abcdef"[(x >> (60 - 4 * i)) & 15];
+  buf[18] = '\0';
+  WriteStr(buf);
+}
+
+void OnSegv(int sig, siginfo_t* info, void* context) {
+  const uintptr_t at = reinterpret_cast<uintptr_t>(info->si_addr);
+  WriteStr("\n[ GUARD HIT ] ");
+  WriteStr(g_current_call);
+  WriteStr(" at ");
+  WriteStr(g_current_shape);
+  WriteStr(" (");
+  WriteStr(g_current_guard);
+  WriteStr("): fault at ");
+  WriteHex(at);
+  for (int r = 0; r < g_record_count; ++r) {
+    const GuardRecord& g = g_records[r];
+    if (at >= g.guard_begin && at < g.guard_end) {
+      WriteStr(", in the guard page of ");
+      WriteStr(g.name);
+      WriteStr(at < g.data_begin ? " (before its first element)" : " (past its last element)");
+    } else if (at >= g.data_begin && at < g.data_end) {
+      WriteStr(", inside ");
+      WriteStr(g.name);
+      WriteStr(" (an input: written?)");
+    }
+  }
+  WriteStr("\n");
+  // Hand on to the previous handler: restore it and return, so the faulting
+  // access runs again under it.
+  sigaction(SIGSEGV, &g_previous_segv, nullptr);
+  if (g_previous_segv.sa_flags & SA_SIGINFO) {
+    if (g_previous_segv.sa_sigaction != nullptr) g_previous_segv.sa_sigaction(sig, info, context);
+  }
+}
+
+class ScopedSegvReporter {
+ public:
+  ScopedSegvReporter() {
+    struct sigaction sa;
+    std::memset(&sa, 0, sizeof(sa));
+    sa.sa_sigaction = OnSegv;
+    sa.sa_flags = SA_SIGINFO;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGSEGV, &sa, &g_previous_segv);
+  }
+  ~ScopedSegvReporter() { sigaction(SIGSEGV, &g_previous_segv, nullptr); }
+};
+
 // n floats in their own mapping, flush against a PROT_NONE page.  With
 // kAfterLast the buffer ends where the guard page begins (so it starts at
 // whatever 4-byte alignment n gives it); with kBeforeFirst it starts where
 // the guard page ends (page-aligned).
 class GuardedBuffer {
  public:
-  GuardedBuffer(size_t n, Guard guard) : n_(n) {
+  GuardedBuffer(size_t n, Guard guard, const char* name = "a buffer") : n_(n) {
     const size_t page = PageSize();
     const size_t bytes = n * sizeof(float);
     data_pages_ = (bytes + page - 1) / page;
@@ -79,9 +165,15 @@ class GuardedBuffer {
       perror("mprotect");
       std::abort();
     }
+    if (g_record_count < kMaxRecords) {
+      const uintptr_t g = reinterpret_cast<uintptr_t>(guard_page_);
+      const uintptr_t d = reinterpret_cast<uintptr_t>(data_);
+      g_records[g_record_count] = {name, g, g + page, d, d + bytes};
+      g_record_count = g_record_count + 1;
+    }
   }
-  GuardedBuffer(const std::vector<float>& values, Guard guard)
-      : GuardedBuffer(values.size(), guard) {
+  GuardedBuffer(const std::vector<float>& values, Guard guard, const char* name)
+      : GuardedBuffer(values.size(), guard, name) {
     std::memcpy(data_, values.data(), values.size() * sizeof(float));
   }
   ~GuardedBuffer() { munmap(map_, map_bytes_); }
@@ -110,13 +202,14 @@ class GuardedBuffer {
   float* data_ = nullptr;
 };
 
-std::unique_ptr<GuardedBuffer> Input(const std::vector<float>& values, Guard guard) {
-  auto b = std::make_unique<GuardedBuffer>(values, guard);
+std::unique_ptr<GuardedBuffer> Input(const char* name, const std::vector<float>& values,
+                                     Guard guard) {
+  auto b = std::make_unique<GuardedBuffer>(values, guard, name);
   b->MakeReadOnly();
   return b;
 }
-std::unique_ptr<GuardedBuffer> Output(size_t n, Guard guard) {
-  return std::make_unique<GuardedBuffer>(Sentinels(n), guard);
+std::unique_ptr<GuardedBuffer> Output(const char* name, size_t n, Guard guard) {
+  return std::make_unique<GuardedBuffer>(Sentinels(n), guard, name);
 }
 
 // Shapes the sweep does not reach: decode with >= 1024 keys (attention splits
@@ -133,8 +226,18 @@ std::vector<MhaShape> ExtraTilingShapes() {
   };
 }
 
+// The sweep and the extra shapes.  Under AddressSanitizer (the sanitizer
+// suite), whose instrumented kernels run ~10x slower and which checks heap
+// bounds itself, every third shape of the sweep.
 std::vector<MhaShape> GuardShapes() {
-  std::vector<MhaShape> shapes = SweepShapes();
+#ifdef HEADSUM_TEST_ASAN
+  constexpr size_t kStride = 3;
+#else
+  constexpr size_t kStride = 1;
+#endif
+  const std::vector<MhaShape> sweep = SweepShapes();
+  std::vector<MhaShape> shapes;
+  for (size_t n = 0; n < sweep.size(); n += kStride) shapes.push_back(sweep[n]);
   for (const MhaShape& s : ExtraTilingShapes()) shapes.push_back(s);
   return shapes;
 }
@@ -203,50 +306,66 @@ testing::AssertionResult RunAllKernelsGuarded(const MhaShape& s, uint64_t n, Gua
   const std::vector<float> gates_v = RandomUniform(size_t(s.heads), -1.5f, 1.5f, 32 * n + 9);
   const std::vector<float> dirs_v = RandomUniform(size_t(R * s.model_dim), -1, 1, 32 * n + 10);
 
-  auto q = Input(q_v, guard), k = Input(k_v, guard), v = Input(v_v, guard);
-  auto scores_in = Input(scores_v, guard);
-  auto heads = Input(heads_v, guard), wo = Input(wo_v, guard), bias = Input(bias_v, guard);
-  auto gates = Input(gates_v, guard), dirs = Input(dirs_v, guard);
+  g_record_count = 0;
+  std::snprintf(g_current_shape, sizeof(g_current_shape), "%s (R=%d)", s.name().c_str(),
+                int(R));
+  g_current_guard = GuardName(guard);
+  auto q = Input("q", q_v, guard), k = Input("k", k_v, guard), v = Input("v", v_v, guard);
+  auto scores_in = Input("scores (input)", scores_v, guard);
+  auto heads = Input("heads", heads_v, guard), wo = Input("wo", wo_v, guard);
+  auto bias = Input("bias", bias_v, guard), gates = Input("head_gates", gates_v, guard);
+  auto dirs = Input("directions", dirs_v, guard);
 
-  auto scores = Output(s.scores_elems(), guard);
-  auto o_softmax = Output(s.out_elems(), guard);
-  auto o_attention = Output(s.out_elems(), guard);
-  auto y = Output(s.y_elems(), guard);
-  auto y_ex = Output(s.y_elems(), guard);
-  auto per_head_ex = Output(s.per_head_elems(), guard);
-  auto y_only = Output(s.y_elems(), guard);
-  auto per_head_only = Output(s.per_head_elems(), guard);
-  auto attribution = Output(rows * size_t(R), guard);
-  auto attribution_basis = Output(rows * size_t(R), guard);
-  auto norms = Output(rows, guard);
+  auto scores = Output("scores", s.scores_elems(), guard);
+  auto o_softmax = Output("out (softmax_v)", s.out_elems(), guard);
+  auto o_attention = Output("out (attention)", s.out_elems(), guard);
+  auto y = Output("y", s.y_elems(), guard);
+  auto y_ex = Output("y (ex)", s.y_elems(), guard);
+  auto per_head_ex = Output("per_head (ex)", s.per_head_elems(), guard);
+  auto y_only = Output("y (ex, y only)", s.y_elems(), guard);
+  auto per_head_only = Output("per_head (ex, per_head only)", s.per_head_elems(), guard);
+  auto attribution = Output("out (head_attribution)", rows * size_t(R), guard);
+  auto attribution_basis = Output("out (head_attribution_basis)", rows * size_t(R), guard);
+  auto norms = Output("out (head_contribution_norms)", rows, guard);
 
   headsum_status st;
+  g_current_call = "headsum_qk_scores";
   st = headsum_qk_scores(&a, q->data(), k->data(), scores->data());
   if (st != HEADSUM_OK) return CallFailed("qk_scores", st);
+  g_current_call = "headsum_softmax_v";
   st = headsum_softmax_v(&a, scores_in->data(), v->data(), o_softmax->data());
   if (st != HEADSUM_OK) return CallFailed("softmax_v", st);
+  g_current_call = "headsum_attention";
   st = headsum_attention(&a, q->data(), k->data(), v->data(), o_attention->data());
   if (st != HEADSUM_OK) return CallFailed("attention", st);
+  g_current_call = "headsum_project_heads_sum";
   st = headsum_project_heads_sum(&p, heads->data(), wo->data(), bias->data(), y->data());
   if (st != HEADSUM_OK) return CallFailed("project_heads_sum", st);
+  g_current_call = "headsum_project_heads_sum_ex(y, per_head)";
   st = headsum_project_heads_sum_ex(&p, heads->data(), wo->data(), bias->data(), gates->data(),
                                     y_ex->data(), per_head_ex->data());
   if (st != HEADSUM_OK) return CallFailed("project_heads_sum_ex(y, per_head)", st);
+  g_current_call = "headsum_project_heads_sum_ex(y only)";
   st = headsum_project_heads_sum_ex(&p, heads->data(), wo->data(), bias->data(), gates->data(),
                                     y_only->data(), nullptr);
   if (st != HEADSUM_OK) return CallFailed("project_heads_sum_ex(y only)", st);
+  g_current_call = "headsum_project_heads_sum_ex(per_head only)";
   st = headsum_project_heads_sum_ex(&p, heads->data(), wo->data(), nullptr, nullptr, nullptr,
                                     per_head_only->data());
   if (st != HEADSUM_OK) return CallFailed("project_heads_sum_ex(per_head only)", st);
+  g_current_call = "headsum_head_attribution";
   st = headsum_head_attribution(&p, heads->data(), wo->data(), dirs->data(), R,
                                 attribution->data());
   if (st != HEADSUM_OK) return CallFailed("head_attribution", st);
   headsum_attribution_basis* basis = nullptr;
+  g_current_call = "headsum_attribution_basis_create";
   st = headsum_attribution_basis_create(&p, wo->data(), dirs->data(), R, &basis);
   if (st != HEADSUM_OK) return CallFailed("attribution_basis_create", st);
+  g_current_call = "headsum_head_attribution_basis";
   st = headsum_head_attribution_basis(&p, heads->data(), basis, attribution_basis->data());
   headsum_attribution_basis_free(basis);
   if (st != HEADSUM_OK) return CallFailed("head_attribution_basis", st);
+  g_current_call = "headsum_head_contribution_norms";
   st = headsum_head_contribution_norms(&p, heads->data(), wo->data(), norms->data());
   if (st != HEADSUM_OK) return CallFailed("head_contribution_norms", st);
 
@@ -318,6 +437,7 @@ testing::AssertionResult RunAllKernelsGuarded(const MhaShape& s, uint64_t n, Gua
 class GuardPages : public TargetTest {
  protected:
   void RunSweep(Guard guard) {
+    const ScopedSegvReporter reporter;
     const std::vector<MhaShape> shapes = GuardShapes();
     size_t tried = 0, checked_against_reference = 0;
     ForEachShape(shapes, [&](const MhaShape& s, uint64_t n) {

@@ -391,7 +391,7 @@ testing::AssertionResult LargeLogitsMatchReference(const MhaShape& s, float scal
   const std::vector<double> score_bound = QkScoresBound(d, in.q.data(), in.k.data());
   std::vector<double> expected = RefAttention(d, in.q.data(), in.k.data(), in.v.data());
   std::vector<double> bound = AttentionBound(d, in.q.data(), in.k.data(), in.v.data());
-  double smallest = INFINITY, largest = 0;
+  double largest = 0;
   for (int64_t b = 0; b < s.batch; ++b) {
     for (int64_t h = 0; h < s.heads; ++h) {
       const int64_t g = KvHeadOf(s, h);
@@ -402,7 +402,6 @@ testing::AssertionResult LargeLogitsMatchReference(const MhaShape& s, float scal
         for (int64_t j = 0; j < s.seq_kv; ++j) {
           if (!Sees(s, i, j)) continue;
           const double x = scores[SAt(s, b, h, i, j)];
-          smallest = std::min(smallest, std::fabs(x));
           largest = std::max(largest, std::fabs(x));
           err = std::max(err, score_bound[SAt(s, b, h, i, j)]);
           if (x > m1) {
@@ -477,7 +476,9 @@ TEST_P(Numerics, SoftmaxVOfHugeFiniteScoresIsFinite) {
       // A few rows of near ties at the top of the range.
       for (size_t row = 0; row < scores.size() / size_t(s.seq_kv); row += 7) {
         float* r = &scores[row * size_t(s.seq_kv)];
-        for (int64_t j = 0; j < s.seq_kv; j += 2) r[j] = magnitude * (j % 4 == 0 ? 1.0f : 0.999999f);
+        for (int64_t j = 0; j < s.seq_kv; j += 2) {
+          r[j] = magnitude * (j % 4 == 0 ? 1.0f : 0.999999f);
+        }
       }
       std::vector<float> out = Sentinels(s.out_elems());
       ASSERT_EQ(headsum_softmax_v(&a, scores.data(), v.data(), out.data()), HEADSUM_OK)
@@ -622,7 +623,9 @@ TEST_P(Numerics, NaNInHeadOutputMakesExactlyItsTokensOutputsNaN) {
         m.y[YAt(s, b, t, col)] = m.y_ex[YAt(s, b, t, col)] = 1;
         m.per_head[BshAt(s, b, t, h) * size_t(s.model_dim) + size_t(col)] = 1;
       }
-      for (int64_t r = 0; r < clean.R; ++r) m.attribution[BshAt(s, b, t, h) * size_t(clean.R) + size_t(r)] = 1;
+      for (int64_t r = 0; r < clean.R; ++r) {
+        m.attribution[BshAt(s, b, t, h) * size_t(clean.R) + size_t(r)] = 1;
+      }
       m.norms[BshAt(s, b, t, h)] = 1;
       EXPECT_TRUE(CheckProjectionNaNs(s, clean, poisoned, m))
           << s.name() << ", O[b=" << b << "][h=" << h << "][s=" << t << "][l=" << l

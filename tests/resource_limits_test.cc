@@ -402,6 +402,7 @@ TEST_P(OutOfMemory, EveryAllocationFailureReturnsOutOfMemoryAndWritesNothing) {
                              MhaShape{1, 4, 1, 1, 1537, 16, 17, false}};
   headsum_attribution_basis* const kUntouched =
       reinterpret_cast<headsum_attribution_basis*>(uintptr_t{0xba515});
+  int calls = 0, failed_calls = 0;
   for (const int threads : {1, 3}) {
     ASSERT_EQ(headsum_set_num_threads(threads), HEADSUM_OK);
     for (const MhaShape& s : shapes) {
@@ -431,7 +432,8 @@ TEST_P(OutOfMemory, EveryAllocationFailureReturnsOutOfMemoryAndWritesNothing) {
           if (st == HEADSUM_OK) {
             succeeded = true;
             for (size_t o = 0; o < outs.size(); ++o) {
-              EXPECT_TRUE(BitwiseEqual(expected[o], outs[o], Layout{{int64_t(outs[o].size())}, "n"}))
+              const Layout flat{{int64_t(outs[o].size())}, "n"};
+              EXPECT_TRUE(BitwiseEqual(expected[o], outs[o], flat))
                   << "output #" << o << " after " << n << " allocations were allowed";
             }
             if (job.out_elems.empty()) {
@@ -456,6 +458,8 @@ TEST_P(OutOfMemory, EveryAllocationFailureReturnsOutOfMemoryAndWritesNothing) {
                                        << " failed";
         }
         EXPECT_TRUE(succeeded) << "still failing with 17 allocations allowed";
+        ++calls;
+        failed_calls += failures;
         if (job.must_allocate) {
           EXPECT_GT(failures, 0)
               << "the call needs a buffer of its own, yet no allocation failed: its "
@@ -464,6 +468,9 @@ TEST_P(OutOfMemory, EveryAllocationFailureReturnsOutOfMemoryAndWritesNothing) {
       }
     }
   }
+  std::printf("[ OOM      ] %s: %d kernel calls, %d injected allocation failures, each "
+              "HEADSUM_ERR_OUT_OF_MEMORY with no output written\n",
+              GetParam().c_str(), calls, failed_calls);
 }
 
 HEADSUM_INSTANTIATE_FOR_COMPILED_TARGETS(OutOfMemory);
@@ -482,8 +489,9 @@ TEST(ResourceLimits, RealAllocationFailureReturnsOutOfMemory) {
 #else
   const int64_t n = P(26);
   const size_t bytes = size_t(n) * sizeof(float);
-  void* const in = mmap(nullptr, bytes, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  void* const out = mmap(nullptr, bytes, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  const int flags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE;
+  void* const in = mmap(nullptr, bytes, PROT_READ, flags, -1, 0);
+  void* const out = mmap(nullptr, bytes, PROT_READ, flags, -1, 0);
   ASSERT_NE(in, MAP_FAILED);
   ASSERT_NE(out, MAP_FAILED);
   const float* x = static_cast<const float*>(in);

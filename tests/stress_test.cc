@@ -58,7 +58,8 @@ std::vector<MhaShape> StressShapes() {
   };
 }
 
-std::vector<Job> JobsFor(const MhaShape& s, uint64_t seed, std::vector<std::shared_ptr<SharedInputs>>* keep) {
+std::vector<Job> JobsFor(const MhaShape& s, uint64_t seed,
+                         std::vector<std::shared_ptr<SharedInputs>>* keep) {
   auto in = std::make_shared<SharedInputs>();
   in->q = RandomUniform(s.q_elems(), -1, 1, 16 * seed + 1);
   in->k = RandomUniform(s.kv_elems(), -1, 1, 16 * seed + 2);
