@@ -8,8 +8,8 @@
 #
 # The same pkg-config check then runs on the default configuration (OpenMP
 # and oneDNN on), reusing the build of scripts/test.sh ($HEADSUM_BUILD_DIR,
-# default build/) when there is one, else building only the library.
-# HEADSUM_MINIMAL_SKIP_FULL=1 skips that part.
+# default build/) when there is one, else building only the library in
+# build-minimal-default/.  HEADSUM_MINIMAL_SKIP_FULL=1 skips that part.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh pkgconf
@@ -35,7 +35,7 @@ if grep -E '^(GOMP_|omp_|dnnl_|_ZN4dnnl)' <<< "$external"; then
 fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-cc -std=c11 -O2 -Iinclude examples/attention_layer.c "$lib" -lhwy -lstdc++ -lm \
+cc -O2 -Iinclude examples/attention_layer.c "$lib" -lhwy -lstdc++ -lm \
   -o "$work/minimal_app"
 needed=$(readelf -d "$work/minimal_app" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p' | tr '\n' ' ')
 echo "minimal: a C program links with -lhwy -lstdc++ -lm; it needs: $needed"
@@ -58,13 +58,15 @@ pkgconfig_check() {  # build_dir label
   flags=$(PKG_CONFIG_PATH="$pcdir" pkg-config --cflags --libs --static headsum)
   echo "pkg-config ($2): $flags"
   # shellcheck disable=SC2086  # the flags are words
-  cc -std=c11 -O2 examples/attention_layer.c $flags -o "$work/attention_layer_$2"
+  cc -O2 examples/attention_layer.c $flags -o "$work/attention_layer_$2"
   "$work/attention_layer_$2"
 }
 pkgconfig_check "$build" minimal
 
 if [ "${HEADSUM_MINIMAL_SKIP_FULL:-0}" != 1 ]; then
   if [ ! -f "$full/CMakeCache.txt" ]; then
+    # Not $full itself: its cached options would then hold for scripts/test.sh.
+    full=$build-default
     cmake -S . -B "$full" -DCMAKE_BUILD_TYPE=Release -DHEADSUM_BUILD_TESTS=OFF \
       -DHEADSUM_BUILD_BENCH=OFF -DHEADSUM_BUILD_EXAMPLES=OFF
   fi

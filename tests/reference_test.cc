@@ -92,7 +92,7 @@ TEST(Reference, AttributionAndNormsOfAKnownContribution) {
 // ---- the shape list ----------------------------------------------------------------
 
 TEST(Shapes, SweepStartsWithTheSeedAndCoversEverySeqPairBothWays) {
-  const auto shapes = headsum_shapes::SweepShapes();
+  const auto shapes = headsum_shapes::FullSweepShapes();
   ASSERT_GE(shapes.size(), 2u);
   EXPECT_EQ(shapes[0].name(), headsum_shapes::SeedShape(false).name());
   EXPECT_EQ(shapes[1].name(), headsum_shapes::SeedShape(true).name());
@@ -110,9 +110,9 @@ TEST(Shapes, EveryParameterValueAppearsSeveralTimes) {
     std::vector<MhaShape> shapes;
     bool has_causal;
   };
-  for (const Sweep& sweep : {Sweep{"SweepShapes", headsum_shapes::SweepShapes(), true},
-                             Sweep{"ProjectionSweepShapes",
-                                   headsum_shapes::ProjectionSweepShapes(), false}}) {
+  for (const Sweep& sweep : {Sweep{"FullSweepShapes", headsum_shapes::FullSweepShapes(), true},
+                             Sweep{"FullProjectionSweepShapes",
+                                   headsum_shapes::FullProjectionSweepShapes(), false}}) {
     SCOPED_TRACE(sweep.name);
     const std::vector<MhaShape>& list = sweep.shapes;
     std::map<int64_t, int> batch, head_dim, model_dim, seq;

@@ -12,6 +12,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 #include <utility>
 #include <vector>
@@ -130,7 +132,7 @@ constexpr size_t kDrawsPerSeqPair = 2;
 // The seed (causal off and on), then every (Sq, Skv) pair x causal off/on,
 // kDrawsPerSeqPair times with different batch, heads, head_dim and model_dim
 // (2 + 8*8*2*2 = 258 shapes).
-inline std::vector<MhaShape> SweepShapes() {
+inline std::vector<MhaShape> FullSweepShapes() {
   const auto& seqs = kSeqLens();
   const size_t per_draw = seqs.size() * seqs.size() * 2;
   const size_t n = per_draw * kDrawsPerSeqPair;
@@ -157,22 +159,12 @@ inline std::vector<MhaShape> SweepShapes() {
   return shapes;
 }
 
-// The output projection has no Skv and no mask: the non-causal half of the
-// sweep (seed included), seq = seq_q.
-inline std::vector<MhaShape> ProjectionSweepShapes() {
-  std::vector<MhaShape> out;
-  for (const MhaShape& s : SweepShapes()) {
-    if (!s.causal) out.push_back(s);
-  }
-  return out;
-}
-
 // A smaller sweep for slower paths (the oneDNN twins): the seed plus every
 // shape whose Sq and Skv are both in {1, 17, 65} (9 pairs x causal off/on x
 // draws; includes Sq > Skv causal, i.e. fully masked rows).
 inline std::vector<MhaShape> SmallSweepShapes() {
   auto in_small = [](int64_t s) { return s == 1 || s == 17 || s == 65; };
-  const std::vector<MhaShape> all = SweepShapes();
+  const std::vector<MhaShape> all = FullSweepShapes();
   std::vector<MhaShape> out;
   for (size_t i = 0; i < all.size(); ++i) {
     const bool is_seed = i < 2;  // SweepShapes starts with the seed, causal off and on
@@ -180,6 +172,32 @@ inline std::vector<MhaShape> SmallSweepShapes() {
   }
   return out;
 }
+
+// HEADSUM_TEST_SWEEP=small in the environment makes the kernel tests sweep
+// SmallSweepShapes() instead of the full list: scripts/arm.sh sets it for
+// the runs under qemu, where the full sweep takes ~5x as long.
+inline bool SmallSweepRequested() {
+  const char* e = std::getenv("HEADSUM_TEST_SWEEP");
+  return e != nullptr && std::strcmp(e, "small") == 0;
+}
+
+// The list the kernel tests sweep: FullSweepShapes(), or SmallSweepShapes()
+// when HEADSUM_TEST_SWEEP=small.
+inline std::vector<MhaShape> SweepShapes() {
+  return SmallSweepRequested() ? SmallSweepShapes() : FullSweepShapes();
+}
+
+// The output projection has no Skv and no mask: the non-causal half of a
+// sweep (seed included), seq = seq_q.
+inline std::vector<MhaShape> NonCausal(const std::vector<MhaShape>& shapes) {
+  std::vector<MhaShape> out;
+  for (const MhaShape& s : shapes) {
+    if (!s.causal) out.push_back(s);
+  }
+  return out;
+}
+inline std::vector<MhaShape> ProjectionSweepShapes() { return NonCausal(SweepShapes()); }
+inline std::vector<MhaShape> FullProjectionSweepShapes() { return NonCausal(FullSweepShapes()); }
 
 // Shapes whose sizes do not divide evenly by 2 or 8 threads (odd heads,
 // batches, rows), for the thread-count determinism checks.

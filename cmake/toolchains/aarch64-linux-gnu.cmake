@@ -4,14 +4,17 @@
 #   dpkg --add-architecture arm64 && apt-get update
 #   apt-get install g++-aarch64-linux-gnu qemu-user-static \
 #     libhwy-dev:arm64 libgtest-dev:arm64 libbenchmark-dev:arm64 libgomp1:arm64
+#   (libgomp1:arm64: the cross compiler links its own libgomp, but the aarch64
+#   loader under qemu finds libraries in /usr/lib/aarch64-linux-gnu only)
 #   cmake -S . -B build-arm -DCMAKE_TOOLCHAIN_FILE=cmake/toolchains/aarch64-linux-gnu.cmake \
 #     -DHEADSUM_WITH_ONEDNN=OFF
 #
 # There is no sysroot: multiarch puts the arm64 libraries and CMake package
 # files in /usr/lib/aarch64-linux-gnu (headers stay in /usr/include, shared by
 # both architectures), and CMAKE_LIBRARY_ARCHITECTURE makes find_package look
-# there and not in /usr/lib/x86_64-linux-gnu.  oneDNN has no arm64 package
-# that installs beside the amd64 one, so Arm builds use -DHEADSUM_WITH_ONEDNN=OFF.
+# there and not in /usr/lib/x86_64-linux-gnu.  scripts/arm.sh builds with
+# -DHEADSUM_WITH_ONEDNN=OFF (without libdnnl-dev:arm64, oneDNN is not found
+# and the option defaults to OFF anyway).
 #
 # Tests run under qemu user-mode emulation (ctest and gtest_discover_tests
 # prepend CMAKE_CROSSCOMPILING_EMULATOR).  The multiarch libc6:arm64 puts the
@@ -19,7 +22,7 @@
 # Choose the emulated CPU with QEMU_CPU in the environment of ctest, e.g.
 #   QEMU_CPU=cortex-a72        NEON only
 #   QEMU_CPU=max,sve256=on     SVE/SVE2 with 256-bit vectors
-#   QEMU_CPU=max               SVE/SVE2 with qemu's largest (2048-bit) default vectors
+#   QEMU_CPU=max               SVE/SVE2 with qemu-user's default 512-bit vectors
 set(CMAKE_SYSTEM_NAME Linux)
 set(CMAKE_SYSTEM_PROCESSOR aarch64)
 set(CMAKE_LIBRARY_ARCHITECTURE aarch64-linux-gnu)

@@ -1,0 +1,174 @@
+#!/usr/bin/env bash
+# Cross-builds headsum for 64-bit Arm (aarch64) on a Debian 12 x86-64 host and
+# runs the test suite under qemu user-mode emulation, once per emulated CPU,
+# so that every Arm target Highway compiles (NEON, SVE, SVE2, SVE_256,
+# SVE2_128, and the SCALAR fallback) runs somewhere:
+#
+#   QEMU_CPU        what it emulates          targets that run (+ NEON, SCALAR)
+#   cortex-a72      NEON only                 -
+#   max,sve128=on   SVE2, 128-bit vectors     SVE2_128, SVE2, SVE
+#   max,sve256=on   SVE2, 256-bit vectors     SVE_256, SVE2, SVE
+#   max             SVE2, 512-bit vectors     SVE2, SVE
+#
+# Tests of a target the emulated CPU cannot run skip.  NEON and SCALAR run
+# the same code under every CPU: HEADSUM_ARM_ALL_TARGETS=0 runs them under the
+# first CPU only (a quarter less time).  The kernel tests use the small shape
+# sweep (HEADSUM_TEST_SWEEP=small; =full for the whole sweep, several times as
+# long under qemu).  The benchmark is built but not run: qemu timings say
+# nothing about an Arm CPU.
+#
+# Installs what it needs first (arm64 multiarch packages beside the amd64
+# ones, the cross compiler, qemu-user-static; only what is missing).  Builds
+# without oneDNN (-DHEADSUM_WITH_ONEDNN=OFF; its tests skip): libdnnl-dev:arm64
+# would bring some 67 more arm64 packages (Mesa, LLVM) and lift amd64 ones to
+# the same versions, for reference paths that are checked on x86 already.
+# HEADSUM_ARM_BUILD_DIR (default build-arm), HEADSUM_ARM_CPUS (a space
+# separated list of QEMU_CPU values) override the defaults.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+t_start=$(date +%s)
+build=${HEADSUM_ARM_BUILD_DIR:-build-arm}
+jobs=$(nproc)
+read -r -a cpus <<< "${HEADSUM_ARM_CPUS:-cortex-a72 max,sve128=on max,sve256=on max}"
+toolchain=$PWD/cmake/toolchains/aarch64-linux-gnu.cmake
+
+# ---- 1. packages ----------------------------------------------------------------
+packages=(cmake make python3 pkgconf g++-aarch64-linux-gnu qemu-user-static
+          libhwy-dev:arm64 libgtest-dev:arm64 libbenchmark-dev:arm64 libgomp1:arm64)
+update=0
+if ! dpkg --print-foreign-architectures | grep -qx arm64; then
+  dpkg --add-architecture arm64
+  update=1
+fi
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -ne 0 ]; then
+  echo "arm: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  update=0
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" > /dev/null
+fi
+[ "$update" = 0 ] || apt-get update -qq
+t_installed=$(date +%s)
+
+# ---- 2. build -------------------------------------------------------------------
+cmake -S . -B "$build" -DCMAKE_TOOLCHAIN_FILE="$toolchain" -DCMAKE_BUILD_TYPE=Release \
+  -DHEADSUM_WITH_ONEDNN=OFF -DHEADSUM_BUILD_TESTS=ON -DHEADSUM_BUILD_BENCH=ON \
+  -DHEADSUM_BUILD_EXAMPLES=ON > /dev/null
+cmake --build "$build" -j"$jobs"
+t_built=$(date +%s)
+# The benchmark is built, and the aarch64 loader finds every library it needs
+# (running it, even --benchmark_list_tests, first measures the FMA peak:
+# ~40 s under qemu, and meaningless there).
+if deps=$(qemu-aarch64-static /lib/ld-linux-aarch64.so.1 --list "$build/bench/headsum_bench") &&
+   ! grep -q "not found" <<< "$deps"; then
+  echo "arm: headsum_bench built for aarch64, its libraries resolve (not run under qemu)"
+else
+  echo "arm: FAIL: headsum_bench's libraries do not resolve under qemu:"; echo "$deps"; exit 1
+fi
+
+# ---- 3. the installed package, used by an Arm consumer --------------------------
+# find_package(headsum) from the examples as a separate project, and a plain
+# C program linked with pkg-config's flags; both run under qemu.
+pkg=$(realpath -m "$build/package-test-arm")
+rm -rf "$pkg"
+cmake --install "$build" --prefix "$pkg/prefix" > /dev/null
+cmake -S examples -B "$pkg/examples" -DCMAKE_TOOLCHAIN_FILE="$toolchain" \
+  -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$pkg/prefix" > /dev/null
+cmake --build "$pkg/examples" -j"$jobs" > /dev/null
+QEMU_CPU=max qemu-aarch64-static "$pkg/examples/attention_layer"
+pcdir=$(dirname "$(find "$pkg/prefix" -name headsum.pc -print -quit)")
+pcflags=$(PKG_CONFIG_LIBDIR="$pcdir:/usr/lib/aarch64-linux-gnu/pkgconfig:/usr/share/pkgconfig" \
+          pkg-config --cflags --libs --static headsum)
+# shellcheck disable=SC2086  # the flags are words
+aarch64-linux-gnu-gcc -O2 examples/attention_layer.c $pcflags -o "$pkg/attention_layer_pc"
+QEMU_CPU=cortex-a72 qemu-aarch64-static "$pkg/attention_layer_pc"
+echo "arm: installed package OK (find_package and pkg-config: $pcflags)"
+t_package=$(date +%s)
+
+# ---- 4. the test suite under each emulated CPU ----------------------------------
+export HEADSUM_TEST_SWEEP=${HEADSUM_TEST_SWEEP:-small}
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
+logs=$build/qemu-logs
+mkdir -p "$logs"
+failed_cpus=()
+first=1
+for cpu in "${cpus[@]}"; do
+  label=${cpu//,/-}; label=${label//=on/}
+  # package_consumer builds a host-compiler consumer: not for a cross build.
+  exclude='^package_consumer$'
+  if [ "$first" = 0 ] && [ "${HEADSUM_ARM_ALL_TARGETS:-1}" = 0 ]; then
+    exclude+='|/(NEON|SCALAR)( |$)'
+  fi
+  first=0
+  echo "arm: ctest under QEMU_CPU=$cpu"
+  t0=$(date +%s)
+  rc=0
+  QEMU_CPU=$cpu ctest --test-dir "$build" -j"$jobs" --output-on-failure -E "$exclude" \
+    > "$logs/$label.log" 2>&1 || rc=$?
+  echo "$(( $(date +%s) - t0 )) $rc" > "$logs/$label.time"
+  if [ "$rc" -ne 0 ]; then
+    failed_cpus+=("$cpu")
+    sed -n '/The following tests FAILED/,$p' "$logs/$label.log"
+  fi
+done
+t_end=$(date +%s)
+
+# ---- 5. summary: per CPU, and which targets ran where ---------------------------
+python3 - "$logs" "${cpus[@]}" <<'EOF'
+import collections, re, sys
+logs, cpus = sys.argv[1], sys.argv[2:]
+targets = ["NEON", "SVE", "SVE2", "SVE_256", "SVE2_128", "SCALAR"]
+line_re = re.compile(r'Test +#\d+: (\S+).*?(Passed|Skipped|Failed|Timeout|Exception|Not Run)'
+                     r'.*?([\d.]+) sec')
+cells, rows = {}, []
+for cpu in cpus:
+    label = cpu.replace(",", "-").replace("=on", "")
+    try:
+        text = open(f"{logs}/{label}.log", errors="replace").read().splitlines()
+        seconds, rc = open(f"{logs}/{label}.time").read().split()
+    except OSError:
+        text, seconds, rc = [], "?", "?"
+    total = collections.Counter()
+    per_target = collections.defaultdict(collections.Counter)
+    for line in text:
+        m = line_re.search(line)
+        if not m:
+            continue
+        status = {"Passed": "passed", "Skipped": "skipped"}.get(m.group(2), "failed")
+        total[status] += 1
+        p = re.search(r'GetParam\(\) = "(\w+)"', line)
+        if p and m.group(1).startswith("Targets/"):
+            per_target[p.group(1)][status] += 1
+    rows.append(f"  {cpu:15s} {seconds:>4s} s  {total['passed']:4d} passed, {total['failed']:3d} failed,"
+                f" {total['skipped']:4d} skipped" + ("" if rc == "0" else f"  (ctest exit {rc})"))
+    for t in targets:
+        s = per_target.get(t)
+        if not s:
+            cells[cpu, t] = "-"
+        elif s["passed"] + s["failed"] == 0:
+            cells[cpu, t] = "skip"
+        else:
+            cells[cpu, t] = f"{s['passed']}/{s['passed'] + s['failed']}"
+print("\narm: ctest per emulated CPU (logs in %s/)" % logs)
+print("\n".join(rows))
+print("\narm: kernel tests per Highway target and CPU: passed/run (a test that skips for")
+print("     another reason, e.g. no oneDNN, is not counted); skip: this CPU cannot run the")
+print("     target; -: not run here (HEADSUM_ARM_ALL_TARGETS=0), the same code ran under the first CPU")
+width = max(len(c) for c in cpus) + 2
+print("  " + "target".ljust(10) + "".join(c.ljust(width) for c in cpus))
+for t in targets:
+    print("  " + t.ljust(10) + "".join(cells[c, t].ljust(width) for c in cpus))
+EOF
+echo
+echo "arm: times: install $((t_installed - t_start)) s, build $((t_built - t_installed)) s," \
+     "package $((t_package - t_built)) s, tests $((t_end - t_package)) s," \
+     "total $((t_end - t_start)) s"
+if [ ${#failed_cpus[@]} -ne 0 ]; then
+  echo "arm: FAILED under: ${failed_cpus[*]}"
+  exit 1
+fi
+echo "arm: all tests passed under every emulated CPU"
