@@ -314,8 +314,8 @@ def plot_panels(pairs: list[Pair]) -> list[tuple[str, list[Series]]]:
             continue
         title = p.kernel + (" causal" if p.params.get("causal") else "")
         for impl, row in p.rows.items():
-            if row.error or math.isnan(row.gflops):
-                continue
+            if row.error or math.isnan(row.gflops) or impl.startswith(LOWER_PREFIX):
+                continue  # lower-target rows have their own table, not a line
             series = panels.setdefault(title, {}).setdefault((impl, row.threads), [])
             series.append((seq, row.gflops))
     result = []
