@@ -80,12 +80,7 @@ int headsum_compiled_targets(const char** names, int capacity) {
 headsum_status headsum_set_target(const char* name) {
   static const char* fn = "headsum_set_target";
   if (name == nullptr) {
-    for (int64_t t : CompiledTargets()) {
-      if (CpuRuns(t)) {
-        SetActiveTarget(t);
-        break;
-      }
-    }
+    ResetActiveTarget();
     return HEADSUM_OK;
   }
   const int64_t target = TargetFromName(name);

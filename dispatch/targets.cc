@@ -72,6 +72,8 @@ bool SetActiveTarget(int64_t target) {
   return true;
 }
 
+void ResetActiveTarget() { SetActiveTarget(BestRunnable()); }
+
 size_t TableIndex(int64_t target) {
   // HWY_EXPORT tables: entry 0 is Highway's own first-call dispatcher, then
   // one entry per dynamic target in ChosenTarget bit order, the fallback last.

@@ -19,6 +19,8 @@ std::vector<int64_t> CompiledTargets();
 int64_t ActiveTarget();
 // Makes `target` the active one; false when not compiled or not runnable.
 bool SetActiveTarget(int64_t target);
+// Makes the best target the CPU runs the active one again.
+void ResetActiveTarget();
 // 0 when `name` is no compiled target.
 int64_t TargetFromName(const char* name);
 bool CpuRuns(int64_t target);
