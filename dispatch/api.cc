@@ -201,6 +201,77 @@ headsum_status headsum_head_attribution(const headsum_proj_shape* shape, const f
 
 }  // extern "C"
 
+struct headsum_wo_packed {
+  int64_t heads, head_dim, model_dim;
+  hwy::AlignedFreeUniquePtr<float[]> panels;  // kernels/shapes.h: kWoPanelCols
+};
+
+namespace {
+
+// The shape a handle was made for against the shape of a call.
+headsum_status CheckSameWeights(const char* fn, const char* what,
+                                const headsum_proj_shape* shape, int64_t heads,
+                                int64_t head_dim, int64_t model_dim) {
+  if (shape->heads == heads && shape->head_dim == head_dim && shape->model_dim == model_dim) {
+    return HEADSUM_OK;
+  }
+  return Fail(HEADSUM_ERR_INVALID_ARGUMENT, fn,
+              "shape (heads = %lld, head_dim = %lld, model_dim = %lld) is not the %s' "
+              "(heads = %lld, head_dim = %lld, model_dim = %lld)",
+              static_cast<long long>(shape->heads), static_cast<long long>(shape->head_dim),
+              static_cast<long long>(shape->model_dim), what, static_cast<long long>(heads),
+              static_cast<long long>(head_dim), static_cast<long long>(model_dim));
+}
+
+}  // namespace
+
+extern "C" {
+
+headsum_status headsum_wo_pack(const headsum_proj_shape* shape, const float* wo,
+                               headsum_wo_packed** packed) {
+  static const char* fn = "headsum_wo_pack";
+  ProjDims p;
+  HEADSUM_CHECK(CheckProjShape(fn, shape, &p));
+  HEADSUM_CHECK(CheckPointer(fn, "wo", wo));
+  HEADSUM_CHECK(CheckPointer(fn, "packed", packed));
+  return Guarded(fn, [&] {
+    headsum_wo_packed* made = new (std::nothrow) headsum_wo_packed{
+        shape->heads, shape->head_dim, shape->model_dim, AllocateFloats(p.inner() * p.model_dim)};
+    if (made == nullptr || !made->panels) {
+      delete made;
+      return Fail(HEADSUM_ERR_OUT_OF_MEMORY, fn, "out of memory for the packed Wo");
+    }
+    const headsum_status s = Reported(fn, PackWo(p, wo, made->panels.get()));
+    if (s != HEADSUM_OK) {
+      delete made;
+      return s;
+    }
+    *packed = made;
+    return HEADSUM_OK;
+  });
+}
+
+headsum_status headsum_project_heads_sum_packed(const headsum_proj_shape* shape,
+                                                const float* heads,
+                                                const headsum_wo_packed* wo,
+                                                const float* bias, float* y) {
+  static const char* fn = "headsum_project_heads_sum_packed";
+  ProjDims p;
+  HEADSUM_CHECK(CheckProjShape(fn, shape, &p));
+  HEADSUM_CHECK(CheckPointer(fn, "heads", heads));
+  HEADSUM_CHECK(CheckPointer(fn, "wo", wo));
+  HEADSUM_CHECK(CheckPointer(fn, "y", y));
+  HEADSUM_CHECK(CheckSameWeights(fn, "packed Wo", shape, wo->heads, wo->head_dim,
+                                 wo->model_dim));
+  return Guarded(fn, [&] {
+    return Reported(fn, ProjectHeadsSumPacked(p, heads, wo->panels.get(), bias, y));
+  });
+}
+
+void headsum_wo_free(headsum_wo_packed* packed) { delete packed; }
+
+}  // extern "C"
+
 struct headsum_attribution_basis {
   int64_t heads, head_dim, model_dim, n_directions;
   hwy::AlignedFreeUniquePtr<float[]> wd;  // [H][R][L]
@@ -256,16 +327,8 @@ headsum_status headsum_head_attribution_basis(const headsum_proj_shape* shape,
   HEADSUM_CHECK(CheckPointer(fn, "heads", heads));
   HEADSUM_CHECK(CheckPointer(fn, "basis", basis));
   HEADSUM_CHECK(CheckPointer(fn, "out", out));
-  if (shape->heads != basis->heads || shape->head_dim != basis->head_dim ||
-      shape->model_dim != basis->model_dim) {
-    return Fail(HEADSUM_ERR_INVALID_ARGUMENT, fn,
-                "shape (heads = %lld, head_dim = %lld, model_dim = %lld) is not the basis' "
-                "(heads = %lld, head_dim = %lld, model_dim = %lld)",
-                static_cast<long long>(shape->heads), static_cast<long long>(shape->head_dim),
-                static_cast<long long>(shape->model_dim), static_cast<long long>(basis->heads),
-                static_cast<long long>(basis->head_dim),
-                static_cast<long long>(basis->model_dim));
-  }
+  HEADSUM_CHECK(CheckSameWeights(fn, "basis", shape, basis->heads, basis->head_dim,
+                                 basis->model_dim));
   uint64_t n;
   HEADSUM_CHECK(CheckElements(fn, "out [B][S][H][R]", &n, shape->batch, shape->seq,
                               shape->heads, basis->n_directions));

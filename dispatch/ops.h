@@ -21,6 +21,12 @@ headsum_status Attention(const AttnDims& a, const float* q, const float* k, cons
 headsum_status ProjectHeadsSum(const ProjDims& p, const float* heads, const float* wo,
                                const float* bias, const float* head_gates, float* y,
                                float* per_head);
+// packed [D / kWoPanelCols panels][H*L][panel width] (kernels/shapes.h).
+headsum_status PackWo(const ProjDims& p, const float* wo, float* packed);
+// Y = bias + sum_h O_h Wo[h] from packed Wo: the same arithmetic (bitwise)
+// as ProjectHeadsSum with every gate 1 and no per-head output.
+headsum_status ProjectHeadsSumPacked(const ProjDims& p, const float* heads,
+                                     const float* packed_wo, const float* bias, float* y);
 headsum_status HeadAttribution(const ProjDims& p, const float* heads, const float* wo,
                                const float* directions, size_t n_directions, float* out);
 // wd[h][r][l] = Wo[h*L + l] . directions[r]   ([H][R][L]).

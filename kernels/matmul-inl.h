@@ -48,34 +48,53 @@ constexpr size_t kWideRows = kTileRows;
 constexpr size_t kWideVecs = kTileVecs;
 #endif
 
+// K may be read in segments: the product over K runs `segments` times, the
+// s-th time with A advanced by s * a_step and B by s * b_step, all into the
+// same accumulators (one FMA chain of segments * K terms per element).  The
+// projection uses it to sum every head's O_h Wo[h] in registers.
+// init: the accumulators start at init[col + v*N] in every row (a bias), or
+// at zero when init is null.
+struct KSegments {
+  size_t segments = 1;
+  size_t a_step = 0, b_step = 0;
+  const float* init = nullptr;
+};
+
 // The C block of kRows x kVecs vectors at B's column `col`:
-//   acc[r][v] = sum_{k < K} A[r*lda + k*ka] * B[k*ldb + col + v*N]
+//   acc[r][v] = init + sum_{s, k < K} A[s*a_step + r*lda + k*ka] * B[s*b_step + k*ldb + col + v*N]
 // (ka = 1 for a row-major A; ka > 1 reads A transposed, e.g. P^T).
 // then epilogue(d, r, col + v*N, acc[r][v]) for each of them.  Caller
 // guarantees that B holds kVecs full vectors (of `d`) from `col` on.
 template <size_t kRows, size_t kVecs, class D, class Epilogue>
 HWY_INLINE void MicroTile(D d, size_t K, const float* HWY_RESTRICT a, size_t lda,
                           size_t ka, const float* HWY_RESTRICT b, size_t ldb, size_t col,
-                          const Epilogue& epilogue) {
+                          const Epilogue& epilogue, const KSegments& chain = KSegments()) {
   static_assert(1 <= kRows && kRows <= 8, "rows");
   static_assert(1 <= kVecs && kVecs <= 3, "vectors");
   using V = hn::Vec<D>;
   const size_t N = hn::Lanes(d);
   // Unused accumulators (rows >= kRows, vectors >= kVecs) compile away.
-  V c00 = hn::Zero(d), c01 = hn::Zero(d), c02 = hn::Zero(d);
-  V c10 = hn::Zero(d), c11 = hn::Zero(d), c12 = hn::Zero(d);
-  V c20 = hn::Zero(d), c21 = hn::Zero(d), c22 = hn::Zero(d);
-  V c30 = hn::Zero(d), c31 = hn::Zero(d), c32 = hn::Zero(d);
-  V c40 = hn::Zero(d), c41 = hn::Zero(d), c42 = hn::Zero(d);
-  V c50 = hn::Zero(d), c51 = hn::Zero(d), c52 = hn::Zero(d);
-  V c60 = hn::Zero(d), c61 = hn::Zero(d), c62 = hn::Zero(d);
-  V c70 = hn::Zero(d), c71 = hn::Zero(d), c72 = hn::Zero(d);
-  const float* HWY_RESTRICT bk = b + col;
-  const float* HWY_RESTRICT ak = a;
-  for (size_t k = 0; k < K; ++k, bk += ldb, ak += ka) {
-    const V b0 = hn::LoadU(d, bk);
-    const V b1 = kVecs > 1 ? hn::LoadU(d, bk + N) : b0;
-    const V b2 = kVecs > 2 ? hn::LoadU(d, bk + 2 * N) : b0;
+  V i0 = hn::Zero(d), i1 = hn::Zero(d), i2 = hn::Zero(d);
+  if (chain.init != nullptr) {
+    i0 = hn::LoadU(d, chain.init + col);
+    if constexpr (kVecs > 1) i1 = hn::LoadU(d, chain.init + col + N);
+    if constexpr (kVecs > 2) i2 = hn::LoadU(d, chain.init + col + 2 * N);
+  }
+  V c00 = i0, c01 = i1, c02 = i2;
+  V c10 = i0, c11 = i1, c12 = i2;
+  V c20 = i0, c21 = i1, c22 = i2;
+  V c30 = i0, c31 = i1, c32 = i2;
+  V c40 = i0, c41 = i1, c42 = i2;
+  V c50 = i0, c51 = i1, c52 = i2;
+  V c60 = i0, c61 = i1, c62 = i2;
+  V c70 = i0, c71 = i1, c72 = i2;
+  for (size_t s = 0; s < chain.segments; ++s) {
+    const float* HWY_RESTRICT bk = b + s * chain.b_step + col;
+    const float* HWY_RESTRICT ak = a + s * chain.a_step;
+    for (size_t k = 0; k < K; ++k, bk += ldb, ak += ka) {
+      const V b0 = hn::LoadU(d, bk);
+      const V b1 = kVecs > 1 ? hn::LoadU(d, bk + N) : b0;
+      const V b2 = kVecs > 2 ? hn::LoadU(d, bk + 2 * N) : b0;
 #define HEADSUM_ROW_FMA(r)                                          \
   if constexpr (kRows > r) {                                        \
     const V ar = hn::Set(d, ak[r * lda]);                           \
@@ -83,15 +102,16 @@ HWY_INLINE void MicroTile(D d, size_t K, const float* HWY_RESTRICT a, size_t lda
     if constexpr (kVecs > 1) c##r##1 = hn::MulAdd(ar, b1, c##r##1); \
     if constexpr (kVecs > 2) c##r##2 = hn::MulAdd(ar, b2, c##r##2); \
   }
-    HEADSUM_ROW_FMA(0)
-    HEADSUM_ROW_FMA(1)
-    HEADSUM_ROW_FMA(2)
-    HEADSUM_ROW_FMA(3)
-    HEADSUM_ROW_FMA(4)
-    HEADSUM_ROW_FMA(5)
-    HEADSUM_ROW_FMA(6)
-    HEADSUM_ROW_FMA(7)
+      HEADSUM_ROW_FMA(0)
+      HEADSUM_ROW_FMA(1)
+      HEADSUM_ROW_FMA(2)
+      HEADSUM_ROW_FMA(3)
+      HEADSUM_ROW_FMA(4)
+      HEADSUM_ROW_FMA(5)
+      HEADSUM_ROW_FMA(6)
+      HEADSUM_ROW_FMA(7)
 #undef HEADSUM_ROW_FMA
+    }
   }
 #define HEADSUM_ROW_OUT(r)                                             \
   if constexpr (kRows > r) {                                           \
@@ -116,25 +136,25 @@ HWY_INLINE void MicroTile(D d, size_t K, const float* HWY_RESTRICT a, size_t lda
 template <size_t kRows, size_t kVecs, class Epilogue>
 HWY_INLINE void MatMulRows(size_t cols, size_t K, const float* HWY_RESTRICT a,
                            size_t lda, size_t ka, const float* HWY_RESTRICT b, size_t ldb,
-                           const Epilogue& epilogue) {
+                           const Epilogue& epilogue, const KSegments& chain) {
   const hn::ScalableTag<float> d;
   const size_t N = hn::Lanes(d);
   size_t col = 0;
   for (; col + kVecs * N <= cols; col += kVecs * N) {
-    MicroTile<kRows, kVecs>(d, K, a, lda, ka, b, ldb, col, epilogue);
+    MicroTile<kRows, kVecs>(d, K, a, lda, ka, b, ldb, col, epilogue, chain);
   }
   if constexpr (kVecs > 2) {
     if (col + 2 * N <= cols) {
-      MicroTile<kRows, 2>(d, K, a, lda, ka, b, ldb, col, epilogue);
+      MicroTile<kRows, 2>(d, K, a, lda, ka, b, ldb, col, epilogue, chain);
       col += 2 * N;
     }
   }
   for (; col + N <= cols; col += N) {
-    MicroTile<kRows, 1>(d, K, a, lda, ka, b, ldb, col, epilogue);
+    MicroTile<kRows, 1>(d, K, a, lda, ka, b, ldb, col, epilogue, chain);
   }
   const hn::CappedTag<float, 1> d1;
   for (; col < cols; ++col) {
-    MicroTile<kRows, 1>(d1, K, a, lda, ka, b, ldb, col, epilogue);
+    MicroTile<kRows, 1>(d1, K, a, lda, ka, b, ldb, col, epilogue, chain);
   }
 }
 
@@ -146,26 +166,27 @@ HWY_INLINE void MatMulRows(size_t cols, size_t K, const float* HWY_RESTRICT a,
 template <size_t kR = kTileRows, size_t kV = kTileVecs, class Epilogue>
 HWY_INLINE void MatMulStridedA(size_t rows, size_t cols, size_t K, const float* HWY_RESTRICT a,
                                size_t lda, size_t ka, const float* HWY_RESTRICT b,
-                               size_t ldb, const Epilogue& epilogue) {
+                               size_t ldb, const Epilogue& epilogue,
+                               const KSegments& chain = KSegments()) {
   size_t r0 = 0;
   for (; r0 + kR <= rows; r0 += kR) {
     const auto shifted = [&](auto d, size_t r, size_t c, auto acc) {
       epilogue(d, r0 + r, c, acc);
     };
-    MatMulRows<kR, kV>(cols, K, a + r0 * lda, lda, ka, b, ldb, shifted);
+    MatMulRows<kR, kV>(cols, K, a + r0 * lda, lda, ka, b, ldb, shifted, chain);
   }
   const auto shifted = [&](auto d, size_t r, size_t c, auto acc) {
     epilogue(d, r0 + r, c, acc);
   };
   const float* HWY_RESTRICT a_rest = a + r0 * lda;
   switch (rows - r0) {
-    case 1: if constexpr (kR > 1) MatMulRows<1, kV>(cols, K, a_rest, lda, ka, b, ldb, shifted); break;
-    case 2: if constexpr (kR > 2) MatMulRows<2, kV>(cols, K, a_rest, lda, ka, b, ldb, shifted); break;
-    case 3: if constexpr (kR > 3) MatMulRows<3, kV>(cols, K, a_rest, lda, ka, b, ldb, shifted); break;
-    case 4: if constexpr (kR > 4) MatMulRows<4, kV>(cols, K, a_rest, lda, ka, b, ldb, shifted); break;
-    case 5: if constexpr (kR > 5) MatMulRows<5, kV>(cols, K, a_rest, lda, ka, b, ldb, shifted); break;
-    case 6: if constexpr (kR > 6) MatMulRows<6, kV>(cols, K, a_rest, lda, ka, b, ldb, shifted); break;
-    case 7: if constexpr (kR > 7) MatMulRows<7, kV>(cols, K, a_rest, lda, ka, b, ldb, shifted); break;
+    case 1: if constexpr (kR > 1) MatMulRows<1, kV>(cols, K, a_rest, lda, ka, b, ldb, shifted, chain); break;
+    case 2: if constexpr (kR > 2) MatMulRows<2, kV>(cols, K, a_rest, lda, ka, b, ldb, shifted, chain); break;
+    case 3: if constexpr (kR > 3) MatMulRows<3, kV>(cols, K, a_rest, lda, ka, b, ldb, shifted, chain); break;
+    case 4: if constexpr (kR > 4) MatMulRows<4, kV>(cols, K, a_rest, lda, ka, b, ldb, shifted, chain); break;
+    case 5: if constexpr (kR > 5) MatMulRows<5, kV>(cols, K, a_rest, lda, ka, b, ldb, shifted, chain); break;
+    case 6: if constexpr (kR > 6) MatMulRows<6, kV>(cols, K, a_rest, lda, ka, b, ldb, shifted, chain); break;
+    case 7: if constexpr (kR > 7) MatMulRows<7, kV>(cols, K, a_rest, lda, ka, b, ldb, shifted, chain); break;
     default: break;
   }
 }
@@ -178,8 +199,8 @@ HWY_INLINE void MatMulStridedA(size_t rows, size_t cols, size_t K, const float* 
 template <size_t kR = kTileRows, size_t kV = kTileVecs, class Epilogue>
 HWY_INLINE void MatMul(size_t rows, size_t cols, size_t K, const float* HWY_RESTRICT a,
                        size_t lda, const float* HWY_RESTRICT b, size_t ldb,
-                       const Epilogue& epilogue) {
-  MatMulStridedA<kR, kV>(rows, cols, K, a, lda, 1, b, ldb, epilogue);
+                       const Epilogue& epilogue, const KSegments& chain = KSegments()) {
+  MatMulStridedA<kR, kV>(rows, cols, K, a, lda, 1, b, ldb, epilogue, chain);
 }
 
 // ---------------------------------------------------------------------------

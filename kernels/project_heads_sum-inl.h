@@ -65,6 +65,32 @@ inline void SumHeadsTile(const ProjDims& p, const ProjectArgs& args, size_t b, s
   }
 }
 
+// Rows [s0, s1) and columns [c0, c1) of Y when every gate is 1 and no
+// per-head output is asked for:
+//   Y[s][c] = bias[c] + sum_h sum_l O_h[s][l] Wo[h*L + l][c]
+// one FMA chain per element over h, then l, its accumulator in a register
+// across all the heads: concat-then-GEMM's arithmetic, without the
+// concatenated copy and without a pass over Y per head.  wo_c0 points at
+// column c0 of Wo with row stride ldw: Wo itself (ldw = D) or one packed
+// panel (ldw = the panel's width, c1 - c0 within it).
+inline void SumHeadsChainTile(const ProjDims& p, const float* HWY_RESTRICT heads,
+                              const float* HWY_RESTRICT wo_c0, size_t ldw,
+                              const float* HWY_RESTRICT bias, float* HWY_RESTRICT y,
+                              size_t b, size_t s0, size_t s1, size_t c0, size_t c1) {
+  const size_t S = p.seq, H = p.heads, L = p.head_dim, D = p.model_dim;
+  const float* HWY_RESTRICT o = heads + (b * H * S + s0) * L;  // O[b][0][s0]
+  float* HWY_RESTRICT y_tile = y + (b * S + s0) * D + c0;
+  KSegments every_head;
+  every_head.segments = H;
+  every_head.a_step = S * L;    // O[b][h] -> O[b][h+1]
+  every_head.b_step = L * ldw;  // Wo[h] -> Wo[h+1]
+  every_head.init = bias ? bias + c0 : nullptr;
+  MatMul<kWideRows, kWideVecs>(s1 - s0, c1 - c0, L, o, L, wo_c0, ldw,
+                               [&](auto d, size_t r, size_t c, auto acc) {
+                                 hn::StoreU(acc, d, y_tile + r * D + c);
+                               }, every_head);
+}
+
 // Floats of scratch ContributionNormsRows needs: one tile of contributions.
 inline size_t NormsScratch(const ProjDims& p) { return kTileRows * p.model_dim; }
 

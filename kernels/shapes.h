@@ -44,6 +44,17 @@ struct ProjectArgs {
   float* per_head;          // [B][S][H][D] or nullptr
 };
 
+// Packed Wo (headsum_wo_pack): the columns of Wo in panels of kWoPanelCols
+// (the last panel holds the D % kWoPanelCols left over), each panel stored
+// as [H*L][width] contiguously, panel j at offset j * kWoPanelCols * H * L.
+// A panel is one column strip of the projection's register tile on
+// AVX-512 (3 vectors) and a whole number of tiles on every other target, so
+// the layout does not depend on the target that packed it.
+constexpr size_t kWoPanelCols = 48;
+inline size_t WoPanels(size_t model_dim) {
+  return (model_dim + kWoPanelCols - 1) / kWoPanelCols;
+}
+
 // Query rows of one fused-attention work item: the dispatcher splits by it
 // and the kernel sizes its scratch by it.  Enough rows to reuse each packed
 // K^T tile many times.

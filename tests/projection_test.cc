@@ -105,6 +105,74 @@ TEST_P(ProjectHeadsSum, EqualsConcatProjectOnednnAndReference) {
 
 HEADSUM_INSTANTIATE_FOR_COMPILED_TARGETS(ProjectHeadsSum);
 
+// ---- headsum_wo_pack + project_heads_sum_packed -----------------------------------
+
+class ProjectHeadsSumPacked : public TargetTest {};
+
+// Packed Wo gives the reference within the bound, and bitwise the result of
+// the plain call on the same target (the same FMA chains, read from panels).
+TEST_P(ProjectHeadsSumPacked, EqualsReferenceAndPlainCallBitwise) {
+  ForEachShape(ProjectionSweepShapes(), [](const MhaShape& s, uint64_t n) {
+    const headsum_proj_shape shape = s.proj();
+    const ProjInputs in(s, 500 + n);
+    const float* bias = MaybeBias(in, n);
+    headsum_wo_packed* packed = nullptr;
+    headsum_status st = headsum_wo_pack(&shape, in.wo.data(), &packed);
+    if (st != HEADSUM_OK) return CallFailed("wo_pack", st);
+    std::vector<float> y = Sentinels(s.y_elems()), y_plain = Sentinels(s.y_elems());
+    st = headsum_project_heads_sum_packed(&shape, in.heads.data(), packed, bias, y.data());
+    headsum_wo_free(packed);
+    if (st != HEADSUM_OK) return CallFailed("project_heads_sum_packed", st);
+    st = headsum_project_heads_sum(&shape, in.heads.data(), in.wo.data(), bias, y_plain.data());
+    if (st != HEADSUM_OK) return CallFailed("project_heads_sum", st);
+    const RefProjDims d(shape);
+    auto r = AllWithinBound(RefConcatProject(d, in.heads.data(), in.wo.data(), bias),
+                            ProjectionBound(d, AbsContributions(d, in.heads.data(), in.wo.data()),
+                                            nullptr, bias),
+                            y, YLayout(s));
+    if (!r) return r << " (packed vs reference)";
+    r = BitwiseEqual(y_plain, y, YLayout(s));
+    if (!r) return r << " (packed vs plain call)";
+    return r;
+  });
+}
+
+// The packed layout does not depend on the target: Wo packed on the best
+// target (and on SCALAR) serves this target, for many calls and batch sizes.
+TEST_P(ProjectHeadsSumPacked, HandleOfAnyTargetServesThisTarget) {
+  const MhaShape base{1, 8, 8, 20, 20, 64, 512, false};
+  const ProjInputs in(MhaShape{3, 8, 8, 65, 65, 64, 512, false}, 77);
+  for (const char* packer : {static_cast<const char*>(nullptr), "SCALAR"}) {
+    const headsum_status set = headsum_set_target(packer);
+    if (set == HEADSUM_ERR_UNSUPPORTED) continue;  // a build without SCALAR
+    ASSERT_EQ(set, HEADSUM_OK) << headsum_last_error();
+    headsum_wo_packed* packed = nullptr;
+    const headsum_proj_shape pack_shape = base.proj();
+    const headsum_status st = headsum_wo_pack(&pack_shape, in.wo.data(), &packed);
+    ASSERT_EQ(st, HEADSUM_OK) << headsum_last_error();
+    ASSERT_EQ(headsum_set_target(GetParam().c_str()), HEADSUM_OK);
+    for (const MhaShape& s : {MhaShape{1, 8, 8, 1, 1, 64, 512, false},
+                              MhaShape{1, 8, 8, 20, 20, 64, 512, false},
+                              MhaShape{3, 8, 8, 65, 65, 64, 512, false}}) {
+      const headsum_proj_shape shape = s.proj();
+      std::vector<float> y = Sentinels(s.y_elems()), y_plain = Sentinels(s.y_elems());
+      ASSERT_EQ(headsum_project_heads_sum_packed(&shape, in.heads.data(), packed,
+                                                 in.bias.data(), y.data()),
+                HEADSUM_OK)
+          << headsum_last_error();
+      ASSERT_EQ(headsum_project_heads_sum(&shape, in.heads.data(), in.wo.data(), in.bias.data(),
+                                          y_plain.data()),
+                HEADSUM_OK)
+          << headsum_last_error();
+      EXPECT_TRUE(BitwiseEqual(y_plain, y, YLayout(s)))
+          << s.name() << ", packed on " << (packer ? packer : "the best target");
+    }
+    headsum_wo_free(packed);
+  }
+}
+
+HEADSUM_INSTANTIATE_FOR_COMPILED_TARGETS(ProjectHeadsSumPacked);
+
 // ---- project_heads_sum_ex ----------------------------------------------------------
 
 class ProjectHeadsSumEx : public TargetTest {};
@@ -131,6 +199,24 @@ TEST_P(ProjectHeadsSumEx, EqualsGatedSumOfHeadContributions) {
                        PerHeadLayout(s, s.model_dim, 'd'));
     if (!r) return r << " (per_head)";
     return r;
+  });
+}
+
+// With every gate 1 and y only, _ex is project_heads_sum, bitwise: the gates
+// do not change the arithmetic of the plain sum.
+TEST_P(ProjectHeadsSumEx, UnitGatesGiveThePlainSumBitwise) {
+  ForEachShape(ProjectionSweepShapes(), [](const MhaShape& s, uint64_t n) {
+    const headsum_proj_shape shape = s.proj();
+    const ProjInputs in(s, 600 + n);
+    const float* bias = MaybeBias(in, n);
+    const std::vector<float> ones(size_t(s.heads), 1.0f);
+    std::vector<float> y = Sentinels(s.y_elems()), y_plain = Sentinels(s.y_elems());
+    headsum_status st = headsum_project_heads_sum_ex(&shape, in.heads.data(), in.wo.data(), bias,
+                                                     ones.data(), y.data(), nullptr);
+    if (st != HEADSUM_OK) return CallFailed("project_heads_sum_ex", st);
+    st = headsum_project_heads_sum(&shape, in.heads.data(), in.wo.data(), bias, y_plain.data());
+    if (st != HEADSUM_OK) return CallFailed("project_heads_sum", st);
+    return BitwiseEqual(y_plain, y, YLayout(s));
   });
 }
 

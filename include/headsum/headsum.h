@@ -79,6 +79,24 @@ headsum_status headsum_attention(const headsum_attn_shape* shape, const float* q
 headsum_status headsum_project_heads_sum(const headsum_proj_shape* shape,
                                          const float* heads, const float* wo,
                                          const float* bias, float* y);
+/* Wo packed once for many calls (weights are fixed across a model's calls):
+ * the columns are laid out in the order the projection's register tile
+ * reads them.  Only heads, head_dim and model_dim of `shape` matter here;
+ * batch and seq must still be >= 1.  The layout does not depend on the
+ * target, so a handle stays valid across headsum_set_target.  Free with
+ * headsum_wo_free (NULL ok). */
+typedef struct headsum_wo_packed headsum_wo_packed;
+headsum_status headsum_wo_pack(const headsum_proj_shape* shape, const float* wo,
+                               headsum_wo_packed** packed);
+/* headsum_project_heads_sum with pre-packed Wo; the result is bitwise that
+ * of headsum_project_heads_sum.  shape->heads, head_dim and model_dim must
+ * be the packed Wo's. */
+headsum_status headsum_project_heads_sum_packed(const headsum_proj_shape* shape,
+                                                const float* heads,
+                                                const headsum_wo_packed* wo,
+                                                const float* bias, float* y);
+void headsum_wo_free(headsum_wo_packed* packed);
+
 /* The reference: concatenate O to [B][S][H*L], then one oneDNN matmul with
  * Wo (+ bias).  HEADSUM_ERR_UNSUPPORTED when built without oneDNN. */
 headsum_status headsum_concat_project_onednn(const headsum_proj_shape* shape,

@@ -135,6 +135,39 @@ inline void project_heads_sum(const ProjShape& s, In heads, In wo, In bias, Out 
   check(headsum_project_heads_sum(&c, heads.data(), wo.data(), bias.data(), y.data()));
 }
 
+// Wo packed once for many projections (RAII over headsum_wo_pack).  Movable,
+// not copyable.
+class PackedWo {
+ public:
+  PackedWo(const ProjShape& s, In wo) {
+    detail::expect("PackedWo", "wo", wo, s.wo_elements());
+    const headsum_proj_shape c = s.c();
+    check(headsum_wo_pack(&c, wo.data(), &packed_));
+  }
+  ~PackedWo() { headsum_wo_free(packed_); }
+  PackedWo(const PackedWo&) = delete;
+  PackedWo& operator=(const PackedWo&) = delete;
+  PackedWo(PackedWo&& other) noexcept : packed_(std::exchange(other.packed_, nullptr)) {}
+  PackedWo& operator=(PackedWo&& other) noexcept {
+    std::swap(packed_, other.packed_);
+    return *this;
+  }
+
+  // project_heads_sum with this Wo; bitwise the same result.
+  void project_heads_sum(const ProjShape& s, In heads, In bias, Out y) const {
+    const char* fn = "PackedWo::project_heads_sum";
+    detail::expect(fn, "heads", heads, s.head_elements());
+    detail::expect(fn, "bias", bias, detail::count(s.model_dim, 1));
+    detail::expect(fn, "y", y, s.y_elements());
+    const headsum_proj_shape c = s.c();
+    check(headsum_project_heads_sum_packed(&c, heads.data(), packed_, bias.data(), y.data()));
+  }
+  const headsum_wo_packed* get() const { return packed_; }
+
+ private:
+  headsum_wo_packed* packed_ = nullptr;
+};
+
 // The oneDNN concat-then-GEMM reference of project_heads_sum.
 inline void concat_project_onednn(const ProjShape& s, In heads, In wo, In bias, Out y) {
   detail::expect("concat_project_onednn", "heads", heads, s.head_elements());
