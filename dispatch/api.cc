@@ -216,8 +216,8 @@ headsum_status CheckSameWeights(const char* fn, const char* what,
     return HEADSUM_OK;
   }
   return Fail(HEADSUM_ERR_INVALID_ARGUMENT, fn,
-              "shape (heads = %lld, head_dim = %lld, model_dim = %lld) is not the %s' "
-              "(heads = %lld, head_dim = %lld, model_dim = %lld)",
+              "shape (heads = %lld, head_dim = %lld, model_dim = %lld) does not match the "
+              "%s (heads = %lld, head_dim = %lld, model_dim = %lld)",
               static_cast<long long>(shape->heads), static_cast<long long>(shape->head_dim),
               static_cast<long long>(shape->model_dim), what, static_cast<long long>(heads),
               static_cast<long long>(head_dim), static_cast<long long>(model_dim));

@@ -320,6 +320,7 @@ testing::AssertionResult RunAllKernelsGuarded(const MhaShape& s, uint64_t n, Gua
   auto o_softmax = Output("out (softmax_v)", s.out_elems(), guard);
   auto o_attention = Output("out (attention)", s.out_elems(), guard);
   auto y = Output("y", s.y_elems(), guard);
+  auto y_packed = Output("y (packed)", s.y_elems(), guard);
   auto y_ex = Output("y (ex)", s.y_elems(), guard);
   auto per_head_ex = Output("per_head (ex)", s.per_head_elems(), guard);
   auto y_only = Output("y (ex, y only)", s.y_elems(), guard);
@@ -341,6 +342,15 @@ testing::AssertionResult RunAllKernelsGuarded(const MhaShape& s, uint64_t n, Gua
   g_current_call = "headsum_project_heads_sum";
   st = headsum_project_heads_sum(&p, heads->data(), wo->data(), bias->data(), y->data());
   if (st != HEADSUM_OK) return CallFailed("project_heads_sum", st);
+  headsum_wo_packed* packed = nullptr;
+  g_current_call = "headsum_wo_pack";
+  st = headsum_wo_pack(&p, wo->data(), &packed);
+  if (st != HEADSUM_OK) return CallFailed("wo_pack", st);
+  g_current_call = "headsum_project_heads_sum_packed";
+  st = headsum_project_heads_sum_packed(&p, heads->data(), packed, bias->data(),
+                                        y_packed->data());
+  headsum_wo_free(packed);
+  if (st != HEADSUM_OK) return CallFailed("project_heads_sum_packed", st);
   g_current_call = "headsum_project_heads_sum_ex(y, per_head)";
   st = headsum_project_heads_sum_ex(&p, heads->data(), wo->data(), bias->data(), gates->data(),
                                     y_ex->data(), per_head_ex->data());
@@ -375,6 +385,7 @@ testing::AssertionResult RunAllKernelsGuarded(const MhaShape& s, uint64_t n, Gua
       {"softmax_v", o_softmax.get()},
       {"attention", o_attention.get()},
       {"project_heads_sum", y.get()},
+      {"project_heads_sum_packed", y_packed.get()},
       {"project_heads_sum_ex y", y_ex.get()},
       {"project_heads_sum_ex per_head", per_head_ex.get()},
       {"project_heads_sum_ex(y only)", y_only.get()},
@@ -407,6 +418,9 @@ testing::AssertionResult RunAllKernelsGuarded(const MhaShape& s, uint64_t n, Gua
   const std::vector<double> abs_c = AbsContributions(pd, heads_v.data(), wo_v.data());
   r = Within("project_heads_sum", RefGatedSum(pd, c, nullptr, bias_v.data()),
              ProjectionBound(pd, abs_c, nullptr, bias_v.data()), *y, YLayout(s));
+  if (!r) return r;
+  r = Within("project_heads_sum_packed", RefConcatProject(pd, heads_v.data(), wo_v.data(), bias_v.data()),
+             ProjectionBound(pd, abs_c, nullptr, bias_v.data()), *y_packed, YLayout(s));
   if (!r) return r;
   const std::vector<double> gated = RefGatedSum(pd, c, gates_v.data(), bias_v.data());
   const std::vector<double> gated_bound =
@@ -450,7 +464,7 @@ class GuardPages : public TargetTest {
       checked_against_reference += check;
       return RunAllKernelsGuarded(s, n, guard, check);
     });
-    std::printf("[ GUARDED  ] %s, %s: %zu shapes tried x 11 kernel calls "
+    std::printf("[ GUARDED  ] %s, %s: %zu shapes tried x 13 kernel calls "
                 "(%zu of them also checked against the reference)\n",
                 GetParam().c_str(), GuardName(guard), tried, checked_against_reference);
     RecordProperty("shapes_tried", int(tried));

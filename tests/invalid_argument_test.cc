@@ -351,7 +351,26 @@ struct ProjArgs {
   const float *heads, *wo, *bias, *gates, *directions;
   int64_t n_directions;
   float *y, *per_head, *out;
+  headsum_wo_packed** packed;  // headsum_wo_pack's output
 };
+
+// A handle that no valid call would produce: headsum_wo_pack must leave it.
+headsum_wo_packed* const kUntouchedHandle = reinterpret_cast<headsum_wo_packed*>(0x5A5A50);
+
+headsum_proj_shape ValidProjShape();
+
+// Wo packed for ValidProjShape(), for the calls that take a packed Wo (kept
+// for the whole test program).
+const headsum_wo_packed* ValidPackedWo() {
+  static const headsum_wo_packed* packed = [] {
+    const headsum_proj_shape shape = ValidProjShape();
+    const std::vector<float> wo = RandomUniform(kBufferElems, -1, 1, 6);
+    headsum_wo_packed* made = nullptr;
+    if (headsum_wo_pack(&shape, wo.data(), &made) != HEADSUM_OK) ADD_FAILURE() << headsum_last_error();
+    return made;
+  }();
+  return packed;
+}
 
 struct ProjApi {
   const char* function;
@@ -387,6 +406,14 @@ std::vector<ProjApi> ProjectionApis() {
        [](const ProjArgs& a) {
          return headsum_head_contribution_norms(a.shape, a.heads, a.wo, a.out);
        }},
+      // wo: the packed handle (NULL when the fault nulls wo).
+      {"headsum_project_heads_sum_packed", {"shape", "heads", "wo", "y"}, {"y"}, false, false,
+       [](const ProjArgs& a) {
+         return headsum_project_heads_sum_packed(a.shape, a.heads,
+                                                 a.wo ? ValidPackedWo() : nullptr, a.bias, a.y);
+       }},
+      {"headsum_wo_pack", {"shape", "wo", "packed"}, {}, false, false,
+       [](const ProjArgs& a) { return headsum_wo_pack(a.shape, a.wo, a.packed); }},
   };
 }
 
@@ -405,10 +432,11 @@ struct ProjBuffers {
         out(Sentinels(kBufferElems)) {}
   // Valid arguments for `shape`, every optional pointer given.
   ProjArgs Args(const headsum_proj_shape* shape) {
-    return {shape, heads.data(), wo.data(), bias.data(), gates.data(), directions.data(), 2,
-            y.data(), per_head.data(), out.data()};
+    return {shape,    heads.data(),    wo.data(),  bias.data(), gates.data(), directions.data(),
+            2,        y.data(),        per_head.data(), out.data(), &packed};
   }
   std::vector<float> heads, wo, bias, gates, directions, y, per_head, out;
+  headsum_wo_packed* packed = kUntouchedHandle;
 };
 
 void SetNull(ProjArgs& a, const std::string& name) {
@@ -421,6 +449,7 @@ void SetNull(ProjArgs& a, const std::string& name) {
   if (name == "y") a.y = nullptr;
   if (name == "per_head") a.per_head = nullptr;
   if (name == "out") a.out = nullptr;
+  if (name == "packed") a.packed = nullptr;
 }
 
 struct ProjFault {
@@ -526,6 +555,8 @@ void CheckProjApi(const ProjApi& api) {
     const headsum_status st = api.call(args);
     ExpectRejected(std::string(api.function) + " with " + f.what, st,
                    HEADSUM_ERR_INVALID_ARGUMENT, f.expect, {&buf.y, &buf.per_head, &buf.out});
+    EXPECT_EQ(buf.packed, kUntouchedHandle) << api.function << " with " << f.what
+                                            << " wrote its handle";
   }
 }
 
@@ -563,12 +594,42 @@ TEST_F(InvalidArguments, OptionalPointersMayBeNull) {
       ProjArgs args = buf.Args(&shape);
       for (const auto& n : names) SetNull(args, n);
       const headsum_status st = api.call(args);
+      if (buf.packed != kUntouchedHandle) headsum_wo_free(buf.packed);
       if (api.onednn && st == HEADSUM_ERR_UNSUPPORTED) continue;
       std::string list;
       for (const auto& n : names) list += n + " ";
       EXPECT_EQ(st, HEADSUM_OK) << "with NULL " << list << ": " << StatusName(st) << ": "
                                 << headsum_last_error();
     }
+  }
+}
+
+// A packed Wo serves only the heads, head_dim and model_dim it was packed
+// for; any other shape is rejected, naming the dims and both values.
+TEST_F(InvalidArguments, PackedWoRejectsAnotherShape) {
+  struct Mismatch {
+    const char* dim;
+    int64_t headsum_proj_shape::*member;
+    int64_t value;
+  };
+  for (const Mismatch& m : {Mismatch{"heads", &headsum_proj_shape::heads, 2},
+                            Mismatch{"head_dim", &headsum_proj_shape::head_dim, 7},
+                            Mismatch{"model_dim", &headsum_proj_shape::model_dim, 9}}) {
+    headsum_proj_shape shape = ValidProjShape();
+    const int64_t packed_value = shape.*m.member;
+    shape.*m.member = m.value;
+    ProjBuffers buf;
+    PrimeLastError();
+    const headsum_status st = headsum_project_heads_sum_packed(&shape, buf.heads.data(),
+                                                               ValidPackedWo(), nullptr,
+                                                               buf.y.data());
+    Expectation e = NamesArgAndValue(m.dim, m.value);
+    ExpectRejected(std::string("project_heads_sum_packed with ") + m.dim + " = " +
+                       std::to_string(m.value),
+                   st, HEADSUM_ERR_INVALID_ARGUMENT, e, {&buf.y});
+    EXPECT_TRUE(MentionsInteger(headsum_last_error(), packed_value))
+        << "message \"" << headsum_last_error() << "\" does not show the packed " << m.dim
+        << " = " << packed_value;
   }
 }
 

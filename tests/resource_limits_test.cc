@@ -21,6 +21,7 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -198,6 +199,14 @@ std::vector<Refusal> Refusals() {
                    [=](float*, float*, headsum_attribution_basis** basis) {
                      return headsum_attribution_basis_create(&s, x, x, 1, basis);
                    }});
+      r.push_back({"wo_pack" + at, [=](float*, float*, headsum_attribution_basis**) {
+                     headsum_wo_packed* const kUntouchedPacked =
+                         reinterpret_cast<headsum_wo_packed*>(uintptr_t{0x9ac4});
+                     headsum_wo_packed* packed = kUntouchedPacked;
+                     const headsum_status st = headsum_wo_pack(&s, x, &packed);
+                     EXPECT_EQ(packed, kUntouchedPacked) << "*packed was written";
+                     return st;
+                   }});
     }
   }
 
@@ -352,11 +361,19 @@ std::vector<OomJob> OomJobs(const MhaShape& s, const OomInputs& in, bool decode)
        }},
   };
   if (decode) return jobs;
+  headsum_wo_packed* made = nullptr;
+  EXPECT_EQ(headsum_wo_pack(&p, in.wo.data(), &made), HEADSUM_OK) << headsum_last_error();
+  const std::shared_ptr<headsum_wo_packed> packed(made, headsum_wo_free);
   const std::vector<OomJob> proj = {
       {"project_heads_sum" + at, false, {s.y_elems()},
        [=](std::vector<std::vector<float>>& o, headsum_attribution_basis**) {
          return headsum_project_heads_sum(&p, x->heads.data(), x->wo.data(), x->bias.data(),
                                           o[0].data());
+       }},
+      {"project_heads_sum_packed" + at, false, {s.y_elems()},
+       [=](std::vector<std::vector<float>>& o, headsum_attribution_basis**) {
+         return headsum_project_heads_sum_packed(&p, x->heads.data(), packed.get(),
+                                                 x->bias.data(), o[0].data());
        }},
       {"project_heads_sum_ex" + at, false, {s.y_elems(), s.per_head_elems()},
        [=](std::vector<std::vector<float>>& o, headsum_attribution_basis**) {
@@ -381,6 +398,32 @@ std::vector<OomJob> OomJobs(const MhaShape& s, const OomInputs& in, bool decode)
   };
   jobs.insert(jobs.end(), proj.begin(), proj.end());
   return jobs;
+}
+
+// headsum_wo_pack needs the packed copy: without it, OUT_OF_MEMORY, a
+// message, and *packed untouched; with it, the same handle as without the hook.
+TEST(ResourceLimits, PackingWoWithoutMemoryFailsCleanly) {
+  HookOff off;
+  const MhaShape s{1, 4, 4, 5, 5, 16, 33, false};
+  const OomInputs in(s);
+  const headsum_proj_shape p = s.proj();
+  headsum_wo_packed* const kUntouchedPacked = reinterpret_cast<headsum_wo_packed*>(uintptr_t{0x9ac5});
+  headsum_wo_packed* packed = kUntouchedPacked;
+  headsum::testing::FailAllocationsAfter(0);
+  const headsum_status st = headsum_wo_pack(&p, in.wo.data(), &packed);
+  headsum::testing::FailAllocationsAfter(-1);
+  EXPECT_EQ(st, HEADSUM_ERR_OUT_OF_MEMORY) << StatusName(st);
+  EXPECT_NE(std::string(headsum_last_error()).find("memory"), std::string::npos)
+      << headsum_last_error();
+  EXPECT_EQ(packed, kUntouchedPacked) << "*packed written although the allocation failed";
+  ASSERT_EQ(headsum_wo_pack(&p, in.wo.data(), &packed), HEADSUM_OK) << headsum_last_error();
+  std::vector<float> y = Sentinels(s.y_elems()), y_plain = Sentinels(s.y_elems());
+  EXPECT_EQ(headsum_project_heads_sum_packed(&p, in.heads.data(), packed, nullptr, y.data()),
+            HEADSUM_OK);
+  EXPECT_EQ(headsum_project_heads_sum(&p, in.heads.data(), in.wo.data(), nullptr, y_plain.data()),
+            HEADSUM_OK);
+  EXPECT_TRUE(BitwiseEqual(y_plain, y, Layout{{int64_t(y.size())}, "n"}));
+  headsum_wo_free(packed);
 }
 
 class OutOfMemory : public TargetTest {

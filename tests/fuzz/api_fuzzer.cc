@@ -242,10 +242,26 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   Buffer* ptrs[4] = {&heads, &wo, fn == 9 ? &extra : &out, &out};
   if (null_ptr) ptrs[which_null % (fn == 9 ? 4 : 3)]->null = true;
-  const bool use_bias = in.Byte() & 1;
+  const uint8_t flags = in.Byte();
+  const bool use_bias = flags & 1;
+  const bool use_packed_wo = flags & 2;  // fn 6 through headsum_wo_pack
   headsum_status st;
   switch (fn) {
-    case 6: st = headsum_project_heads_sum(&p, heads.get(), wo.get(), use_bias ? bias.get() : nullptr, out.get()); break;
+    case 6:
+      if (use_packed_wo) {
+        headsum_wo_packed* packed = nullptr;
+        st = headsum_wo_pack(&p, wo.get(), &packed);
+        if (st == HEADSUM_OK) {
+          st = headsum_project_heads_sum_packed(&p, heads.get(), packed,
+                                                use_bias ? bias.get() : nullptr, out.get());
+          headsum_wo_free(packed);
+        } else if (packed != nullptr) {
+          Finding("wo_pack failed and wrote its handle", fn, st);
+        }
+      } else {
+        st = headsum_project_heads_sum(&p, heads.get(), wo.get(), use_bias ? bias.get() : nullptr, out.get());
+      }
+      break;
     case 7: st = headsum_concat_project_onednn(&p, heads.get(), wo.get(), use_bias ? bias.get() : nullptr, out.get()); break;
     case 8: st = headsum_project_heads_sum_ex(&p, heads.get(), wo.get(), use_bias ? bias.get() : nullptr, gates.get(), nullptr, out.get()); break;
     case 9: st = headsum_head_attribution(&p, heads.get(), wo.get(), extra.get(), R, out.get()); break;
