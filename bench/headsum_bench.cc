@@ -121,12 +121,18 @@ const AttnKernel kAttnKernels[] = {
 
 struct ProjBuffers {
   Floats heads, wo, bias, y;
+  headsum_wo_packed* packed_wo = nullptr;  // packed once, outside the timed loop
+  ~ProjBuffers() { headsum_wo_free(packed_wo); }
 };
 
 using ProjCall = headsum_status (*)(const headsum_proj_shape*, ProjBuffers&);
 
 const ProjCall kProjectHeadsum = [](const headsum_proj_shape* s, ProjBuffers& b) {
   return headsum_project_heads_sum(s, b.heads.data(), b.wo.data(), b.bias.data(), b.y.data());
+};
+const ProjCall kProjectPacked = [](const headsum_proj_shape* s, ProjBuffers& b) {
+  return headsum_project_heads_sum_packed(s, b.heads.data(), b.packed_wo, b.bias.data(),
+                                          b.y.data());
 };
 const ProjCall kProjectOnednn = [](const headsum_proj_shape* s, ProjBuffers& b) {
   return headsum_concat_project_onednn(s, b.heads.data(), b.wo.data(), b.bias.data(), b.y.data());
@@ -254,7 +260,11 @@ void RunAttn(benchmark::State& state, const AttnKernel& kernel, bool onednn,
                   a.causal, threads);
 }
 
-void RunProject(benchmark::State& state, bool onednn, headsum_proj_shape shape, int threads) {
+// How the projection is called: headsum with Wo as given, headsum with Wo
+// packed beforehand (headsum_wo_pack, once per weight), or oneDNN.
+enum class ProjImpl { kHeadsum, kPacked, kOnednn };
+
+void RunProject(benchmark::State& state, ProjImpl impl, headsum_proj_shape shape, int threads) {
   if (!SetThreads(state, threads)) return;
   const size_t b = static_cast<size_t>(shape.batch), s = static_cast<size_t>(shape.seq);
   const size_t inner = static_cast<size_t>(shape.heads * shape.head_dim);
@@ -267,8 +277,16 @@ void RunProject(benchmark::State& state, bool onednn, headsum_proj_shape shape, 
   buffers.bias = Floats(d);
   buffers.bias.FillRandom(7, 0.1f);
   buffers.y = Floats(b * s * d);
-  const ProjCall call = onednn ? kProjectOnednn : kProjectHeadsum;
+  const bool onednn = impl == ProjImpl::kOnednn;
+  const ProjCall call = onednn                       ? kProjectOnednn
+                        : impl == ProjImpl::kPacked ? kProjectPacked
+                                                    : kProjectHeadsum;
   const char* what = onednn ? "oneDNN twin" : "headsum kernel";
+  if (impl == ProjImpl::kPacked &&
+      headsum_wo_pack(&shape, buffers.wo.data(), &buffers.packed_wo) != HEADSUM_OK) {
+    state.SkipWithError((std::string("headsum_wo_pack: ") + headsum_last_error()).c_str());
+    return;
+  }
 
   headsum_status status = call(&shape, buffers);
   if (status != HEADSUM_OK) {
@@ -302,8 +320,10 @@ std::string AttnName(const AttnKernel& kernel, bool onednn, const headsum_attn_s
          "/causal:" + std::to_string(s.causal) + "/threads:" + std::to_string(threads);
 }
 
-std::string ProjName(bool onednn, const headsum_proj_shape& s, int threads) {
-  return std::string("BM_project_heads_sum/") + ImplName(onednn) + "/B:" + std::to_string(s.batch) +
+std::string ProjName(ProjImpl impl, const headsum_proj_shape& s, int threads) {
+  const std::string kernel =
+      impl == ProjImpl::kPacked ? "BM_project_heads_sum_packed/" : "BM_project_heads_sum/";
+  return kernel + ImplName(impl == ProjImpl::kOnednn) + "/B:" + std::to_string(s.batch) +
          "/S:" + std::to_string(s.seq) + "/H:" + std::to_string(s.heads) +
          "/L:" + std::to_string(s.head_dim) + "/D:" + std::to_string(s.model_dim) +
          "/threads:" + std::to_string(threads);
@@ -357,7 +377,7 @@ void RegisterLowerTargets() {
     }
     {
       const headsum_proj_shape shape = SeedAt(512, 512, false).proj();
-      std::string name = ProjName(false, shape, 1);
+      std::string name = ProjName(ProjImpl::kHeadsum, shape, 1);
       name.replace(name.find("/headsum/"), 9, std::string("/at_") + target + "/");
       benchmark::RegisterBenchmark(name.c_str(), [shape, target, peak](benchmark::State& state) {
         if (headsum_set_target(target) != HEADSUM_OK) {
@@ -366,7 +386,7 @@ void RegisterLowerTargets() {
         }
         const double best = g_peak_gflops_per_core;
         g_peak_gflops_per_core = peak;
-        RunProject(state, false, shape, 1);
+        RunProject(state, ProjImpl::kHeadsum, shape, 1);
         g_peak_gflops_per_core = best;
         headsum_set_target(nullptr);
       })
@@ -394,10 +414,10 @@ void RegisterAll() {
   for (const int64_t seq : kSeqLens) {
     for (const int threads : kThreadCounts) {
       const headsum_proj_shape shape = SeedAt(seq, seq, false).proj();
-      for (const bool onednn : {false, true}) {
-        benchmark::RegisterBenchmark(ProjName(onednn, shape, threads).c_str(),
-                                     [onednn, shape, threads](benchmark::State& state) {
-                                       RunProject(state, onednn, shape, threads);
+      for (const ProjImpl impl : {ProjImpl::kHeadsum, ProjImpl::kOnednn, ProjImpl::kPacked}) {
+        benchmark::RegisterBenchmark(ProjName(impl, shape, threads).c_str(),
+                                     [impl, shape, threads](benchmark::State& state) {
+                                       RunProject(state, impl, shape, threads);
                                      })
             ->UseRealTime()
             ->Unit(benchmark::kMicrosecond);

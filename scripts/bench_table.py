@@ -161,11 +161,22 @@ def collect_rows(doc: dict) -> list[Row]:
     return rows
 
 
+PACKED_SUFFIX = "_packed"  # a headsum variant timed against its base kernel's oneDNN row
+
+
 def pair_rows(rows: list[Row]) -> list[Pair]:
     pairs: dict[tuple, Pair] = {}
     for row in rows:
         pair = pairs.setdefault(row.key(), Pair(row.kernel, row.params))
         pair.rows[row.impl] = row
+    # BM_project_heads_sum_packed/headsum/... has no oneDNN run of its own: it
+    # is compared with project_heads_sum's oneDNN row of the same shape.
+    by_key = {(p.kernel, tuple(sorted(p.params.items()))): p for p in pairs.values()}
+    for p in pairs.values():
+        if p.kernel.endswith(PACKED_SUFFIX) and ONEDNN not in p.rows:
+            base = by_key.get((p.kernel[: -len(PACKED_SUFFIX)], tuple(sorted(p.params.items()))))
+            if base is not None and ONEDNN in base.rows:
+                p.rows[ONEDNN] = base.rows[ONEDNN]
     return list(pairs.values())
 
 
