@@ -31,7 +31,7 @@ namespace {
 
 // Query rows per work item of qk_scores: each item packs K^T once per key
 // panel, so many rows amortize the packing.
-constexpr size_t kScoreRowBlock = 256;
+constexpr size_t kScoreRowBlock = 512;
 // Query rows per work item of softmax_v.
 constexpr size_t kRowBlock = 64;
 

@@ -19,16 +19,47 @@ HWY_BEFORE_NAMESPACE();
 namespace headsum {
 namespace HWY_NAMESPACE {
 
-// Keys per packed K^T panel: L x 256 floats (64 KiB at L = 64) stays in L2
-// while every query row of the item streams through it.
-constexpr size_t kKeyPanel = 256;
+// The register tile of the score product.
+constexpr size_t kQkRows = kWideRows;
+constexpr size_t kQkVecs = kWideVecs;
+
+// Keys packed per step: K^T for kKeyChunk keys (L x 96 floats, 24 KiB at
+// L = 64) stays in L1 while every query row of the item passes it, cut into
+// panels of one register tile's columns (96 = 2 x 48 = 3 x 32 = 6 x 16...).
+constexpr size_t kKeyChunk = 96;
+
+// Score tensors above this size are written with non-temporal stores.
+constexpr size_t kStreamScoresBytes = size_t{64} << 20;
 
 // Floats of scratch QDotKRows needs.
-inline size_t QkScoresScratch(const AttnDims& a) { return a.head_dim * kKeyPanel; }
+inline size_t QkScoresScratch(const AttnDims& a) { return a.head_dim * kKeyChunk; }
+
+// out[r][c] = sum_l q[r][l] k_t[l][c] for rows x cols (q row stride L, k_t
+// row stride ldk, out row stride ldo).  Kept out of line: inlined into
+// QDotKRows, GCC 12 spills the B vectors of the register tile to the stack.
+// kStream: aligned vectors go out with non-temporal stores.
+template <bool kStream>
+inline HWY_NOINLINE void ScoreTile(size_t rows, size_t cols, size_t L, const float* HWY_RESTRICT q,
+                            const float* HWY_RESTRICT k_t, size_t ldk, float* HWY_RESTRICT out,
+                            size_t ldo) {
+  MatMul<kQkRows, kQkVecs>(rows, cols, L, q, L, k_t, ldk,
+                           [&](auto d, size_t r, size_t c, auto acc) {
+                             float* HWY_RESTRICT dst = out + r * ldo + c;
+                             if (kStream && reinterpret_cast<uintptr_t>(dst) %
+                                                (hn::Lanes(d) * sizeof(float)) == 0) {
+                               hn::Stream(acc, d, dst);
+                             } else {
+                               hn::StoreU(acc, d, dst);
+                             }
+                           });
+}
 
 // Scores of query rows [i0, i1) of head (b, h).  scratch: QkScoresScratch().
 //   S[i][j] = scale * sum_l Q[i][l] K[j][l]      (j visible from i)
 //   S[i][j] = -inf                               (j masked)
+// K^T is packed chunk by chunk in panels of P keys (P = the register tile's
+// columns), each [L][P] contiguous, so the tile reads B with unit stride;
+// each row tile writes its scores for the whole chunk at once.
 inline void QDotKRows(const AttnDims& a, const float* HWY_RESTRICT q,
                       const float* HWY_RESTRICT k, float* HWY_RESTRICT scores, size_t b,
                       size_t h, size_t i0, size_t i1, float* HWY_RESTRICT scratch) {
@@ -38,22 +69,35 @@ inline void QDotKRows(const AttnDims& a, const float* HWY_RESTRICT q,
   const float* HWY_RESTRICT k_g = k + ((b * a.kv_heads + g) * Skv) * L;
   float* HWY_RESTRICT s_h = scores + ((b * a.heads + h) * a.seq_q) * Skv;
   const size_t keys_needed = a.visible_keys(i1 - 1);  // the last row sees the most
-  float* HWY_RESTRICT k_t = scratch;                   // [L][kKeyPanel]
+  const hn::ScalableTag<float> d;
+  const size_t P = kQkVecs * hn::Lanes(d);  // keys per panel
+  const float scale = a.scale;
+  // Scores far larger than the caches go straight to memory: no line is
+  // read for ownership only to be overwritten.
+  const bool stream = a.batch * a.heads * a.seq_q * Skv * sizeof(float) > kStreamScoresBytes;
 
-  for (size_t j0 = 0; j0 < keys_needed; j0 += kKeyPanel) {
-    const size_t nj = keys_needed - j0 < kKeyPanel ? keys_needed - j0 : kKeyPanel;
-    Transpose(k_g + j0 * L, nj, L, L, k_t, kKeyPanel);
-    for (size_t r0 = i0; r0 < i1; r0 += kTileRows) {
-      const size_t rows = i1 - r0 < kTileRows ? i1 - r0 : kTileRows;
+  for (size_t j0 = 0; j0 < keys_needed; j0 += kKeyChunk) {
+    const size_t nj = keys_needed - j0 < kKeyChunk ? keys_needed - j0 : kKeyChunk;
+    // Panel p of the chunk: keys j0 + p .. j0 + p + width - 1, at scratch + p L.
+    for (size_t p = 0; p < nj; p += P) {
+      const size_t width = nj - p < P ? nj - p : P;
+      TransposeScaled(k_g + (j0 + p) * L, width, L, L, scale, scratch + p * L, width);
+    }
+    for (size_t r0 = i0; r0 < i1; r0 += kQkRows) {
+      const size_t rows = i1 - r0 < kQkRows ? i1 - r0 : kQkRows;
       const size_t visible = a.visible_keys(r0 + rows - 1);
-      if (visible <= j0) continue;  // every key of this panel is masked here
-      const size_t cols = visible - j0 < nj ? visible - j0 : nj;
-      const float scale = a.scale;
-      MatMul(rows, cols, L, q_h + r0 * L, L, k_t, kKeyPanel,
-             [&](auto d, size_t r, size_t c, auto acc) {
-               hn::StoreU(hn::Mul(acc, hn::Set(d, scale)), d,
-                          s_h + (r0 + r) * Skv + j0 + c);
-             });
+      for (size_t p = 0; p < nj && j0 + p < visible; p += P) {
+        const size_t key0 = j0 + p;
+        const size_t width = nj - p < P ? nj - p : P;
+        const size_t cols = visible - key0 < width ? visible - key0 : width;
+        if (stream) {
+          ScoreTile<true>(rows, cols, L, q_h + r0 * L, scratch + p * L, width,
+                          s_h + r0 * Skv + key0, Skv);
+        } else {
+          ScoreTile<false>(rows, cols, L, q_h + r0 * L, scratch + p * L, width,
+                           s_h + r0 * Skv + key0, Skv);
+        }
+      }
     }
   }
   // Masked keys (and those past the last computed panel column) are -inf.
