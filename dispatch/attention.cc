@@ -59,10 +59,12 @@ headsum_status QkScores(const AttnDims& a, const float* q, const float* k, float
   const size_t t = TableIndex(ActiveTarget());
   const auto kernel = HWY_DISPATCH_TABLE(QDotKRows)[t];
   const RowBlocks blocks{a, kScoreRowBlock};
+  const bool stream =
+      a.batch * a.heads * a.seq_q * a.seq_kv * sizeof(float) > StreamScoresBytes();
   return ParallelItems(blocks.count(), HWY_DISPATCH_TABLE(QkScoresScratch)[t](a),
                        [&](size_t item, float* scratch) {
                          blocks.Run(item, [&](size_t b, size_t h, size_t i0, size_t i1) {
-                           kernel(a, q, k, scores, b, h, i0, i1, scratch);
+                           kernel(a, q, k, scores, b, h, i0, i1, stream, scratch);
                          });
                        });
 }

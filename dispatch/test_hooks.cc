@@ -8,6 +8,8 @@ namespace {
 // Allocations left before they start to fail; < 0: never fail.
 std::atomic<long> g_allocations_left{-1};
 
+std::atomic<size_t> g_stream_scores_bytes{testing::kDefaultStreamScoresBytes};
+
 // Whether this allocation may go ahead: consumes one of the allowed ones.
 bool AllocationAllowed() {
   long left = g_allocations_left.load(std::memory_order_relaxed);
@@ -25,9 +27,14 @@ namespace testing {
 void FailAllocationsAfter(long n) {
   g_allocations_left.store(n < 0 ? -1 : n, std::memory_order_relaxed);
 }
+void SetStreamScoresBytes(size_t bytes) {
+  g_stream_scores_bytes.store(bytes, std::memory_order_relaxed);
+}
 }  // namespace testing
 
 namespace dispatch {
+size_t StreamScoresBytes() { return g_stream_scores_bytes.load(std::memory_order_relaxed); }
+
 hwy::AlignedFreeUniquePtr<float[]> AllocateFloats(size_t n) {
   if (!AllocationAllowed()) return hwy::AlignedFreeUniquePtr<float[]>(nullptr, hwy::AlignedFreer());
   // AllocateAligned returns null (never throws) when n * sizeof(float)

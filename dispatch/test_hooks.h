@@ -1,4 +1,5 @@
-// The library's single allocation point, and a test hook that makes it fail.
+// The library's single allocation point, and a test hook that makes it fail;
+// and the size above which scores are streamed to memory, which tests lower.
 //
 // Every buffer the library allocates for itself (per-thread scratch in
 // ParallelItems, attention's key-split partials, attribution's Wo directions^T,
@@ -21,6 +22,12 @@ namespace testing {
 // every thread.  For tests only.
 void FailAllocationsAfter(long n);
 
+// Score tensors (qk_scores) larger than this many bytes are written with
+// non-temporal stores; default kDefaultStreamScoresBytes.  Tests set 0 to run
+// the streaming path on small shapes.  Process-wide; for tests only.
+constexpr size_t kDefaultStreamScoresBytes = size_t{64} << 20;
+void SetStreamScoresBytes(size_t bytes);
+
 }  // namespace testing
 
 namespace dispatch {
@@ -30,6 +37,9 @@ namespace dispatch {
 // overflows size_t, or FailAllocationsAfter said so.  Never throws, never
 // aborts.  The one way the library allocates its buffers.
 hwy::AlignedFreeUniquePtr<float[]> AllocateFloats(size_t n);
+
+// The current threshold of SetStreamScoresBytes.
+size_t StreamScoresBytes();
 
 }  // namespace dispatch
 }  // namespace headsum

@@ -12,6 +12,7 @@
 
 #include <limits>
 
+#include "hwy/cache_control.h"
 #include "kernels/matmul-inl.h"
 #include "kernels/shapes.h"
 
@@ -28,25 +29,24 @@ constexpr size_t kQkVecs = kWideVecs;
 // panels of one register tile's columns (96 = 2 x 48 = 3 x 32 = 6 x 16...).
 constexpr size_t kKeyChunk = 96;
 
-// Score tensors above this size are written with non-temporal stores.
-constexpr size_t kStreamScoresBytes = size_t{64} << 20;
-
 // Floats of scratch QDotKRows needs.
 inline size_t QkScoresScratch(const AttnDims& a) { return a.head_dim * kKeyChunk; }
 
 // out[r][c] = sum_l q[r][l] k_t[l][c] for rows x cols (q row stride L, k_t
 // row stride ldk, out row stride ldo).  Kept out of line: inlined into
 // QDotKRows, GCC 12 spills the B vectors of the register tile to the stack.
-// kStream: aligned vectors go out with non-temporal stores.
+// kStream: full, aligned vectors go out with non-temporal stores (never a
+// partial one: x86's Stream of a 1-lane vector writes a whole 128 bits).
 template <bool kStream>
 inline HWY_NOINLINE void ScoreTile(size_t rows, size_t cols, size_t L, const float* HWY_RESTRICT q,
                             const float* HWY_RESTRICT k_t, size_t ldk, float* HWY_RESTRICT out,
                             size_t ldo) {
+  const size_t N = hn::Lanes(hn::ScalableTag<float>());
   MatMul<kQkRows, kQkVecs>(rows, cols, L, q, L, k_t, ldk,
                            [&](auto d, size_t r, size_t c, auto acc) {
                              float* HWY_RESTRICT dst = out + r * ldo + c;
-                             if (kStream && reinterpret_cast<uintptr_t>(dst) %
-                                                (hn::Lanes(d) * sizeof(float)) == 0) {
+                             if (kStream && hn::Lanes(d) == N &&
+                                 reinterpret_cast<uintptr_t>(dst) % (N * sizeof(float)) == 0) {
                                hn::Stream(acc, d, dst);
                              } else {
                                hn::StoreU(acc, d, dst);
@@ -55,6 +55,9 @@ inline HWY_NOINLINE void ScoreTile(size_t rows, size_t cols, size_t L, const flo
 }
 
 // Scores of query rows [i0, i1) of head (b, h).  scratch: QkScoresScratch().
+// stream: write full aligned vectors with non-temporal stores (for score
+// tensors far larger than the caches: no line is read for ownership only to
+// be overwritten).
 //   S[i][j] = scale * sum_l Q[i][l] K[j][l]      (j visible from i)
 //   S[i][j] = -inf                               (j masked)
 // K^T is packed chunk by chunk in panels of P keys (P = the register tile's
@@ -62,7 +65,7 @@ inline HWY_NOINLINE void ScoreTile(size_t rows, size_t cols, size_t L, const flo
 // each row tile writes its scores for the whole chunk at once.
 inline void QDotKRows(const AttnDims& a, const float* HWY_RESTRICT q,
                       const float* HWY_RESTRICT k, float* HWY_RESTRICT scores, size_t b,
-                      size_t h, size_t i0, size_t i1, float* HWY_RESTRICT scratch) {
+                      size_t h, size_t i0, size_t i1, bool stream, float* HWY_RESTRICT scratch) {
   const size_t L = a.head_dim, Skv = a.seq_kv;
   const size_t g = h / a.group();
   const float* HWY_RESTRICT q_h = q + ((b * a.heads + h) * a.seq_q) * L;
@@ -72,9 +75,6 @@ inline void QDotKRows(const AttnDims& a, const float* HWY_RESTRICT q,
   const hn::ScalableTag<float> d;
   const size_t P = kQkVecs * hn::Lanes(d);  // keys per panel
   const float scale = a.scale;
-  // Scores far larger than the caches go straight to memory: no line is
-  // read for ownership only to be overwritten.
-  const bool stream = a.batch * a.heads * a.seq_q * Skv * sizeof(float) > kStreamScoresBytes;
 
   for (size_t j0 = 0; j0 < keys_needed; j0 += kKeyChunk) {
     const size_t nj = keys_needed - j0 < kKeyChunk ? keys_needed - j0 : kKeyChunk;
@@ -100,6 +100,7 @@ inline void QDotKRows(const AttnDims& a, const float* HWY_RESTRICT q,
       }
     }
   }
+  if (stream) hwy::FlushStream();  // order the non-temporal stores before the return
   // Masked keys (and those past the last computed panel column) are -inf.
   for (size_t i = i0; i < i1; ++i) {
     const size_t visible = a.visible_keys(i);

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "error_bounds.h"
+#include "../dispatch/test_hooks.h"  // the streaming threshold
 #include "headsum/headsum.h"
 #include "reference.h"
 #include "shapes.h"
@@ -97,6 +98,21 @@ TEST_P(QkScores, EqualsScaledQKTransposeWithMinusInfWhereMasked) {
 TEST_P(QkScores, LargeMagnitudesStayWithinBound) {
   ForEachShape(EveryNth(SweepShapes(), 3), [](const MhaShape& s, uint64_t n) {
     return QkScoresMatchesReference(headsum_qk_scores, s, 1.0f, 2.0f, 1000 + n);
+  });
+}
+
+// Score tensors past headsum::testing's streaming threshold (64 MiB by
+// default) are written with non-temporal stores; with the threshold at 0 the
+// whole sweep takes that path.
+TEST_P(QkScores, StreamedScoresEqualTheReference) {
+  struct RestoreThreshold {
+    ~RestoreThreshold() {
+      headsum::testing::SetStreamScoresBytes(headsum::testing::kDefaultStreamScoresBytes);
+    }
+  } restore;
+  headsum::testing::SetStreamScoresBytes(0);
+  ForEachShape(SweepShapes(), [](const MhaShape& s, uint64_t n) {
+    return QkScoresMatchesReference(headsum_qk_scores, s, ScaleFor(n), 1.0f, 2000 + n);
   });
 }
 

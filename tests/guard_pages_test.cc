@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "error_bounds.h"
+#include "../dispatch/test_hooks.h"  // the streaming threshold
 #include "headsum/headsum.h"
 #include "reference.h"
 #include "shapes.h"
@@ -330,8 +331,11 @@ testing::AssertionResult RunAllKernelsGuarded(const MhaShape& s, uint64_t n, Gua
   auto norms = Output("out (head_contribution_norms)", rows, guard);
 
   headsum_status st;
-  g_current_call = "headsum_qk_scores";
+  // Every other shape writes its scores with non-temporal stores.
+  g_current_call = n % 2 ? "headsum_qk_scores (streamed)" : "headsum_qk_scores";
+  headsum::testing::SetStreamScoresBytes(n % 2 ? 0 : headsum::testing::kDefaultStreamScoresBytes);
   st = headsum_qk_scores(&a, q->data(), k->data(), scores->data());
+  headsum::testing::SetStreamScoresBytes(headsum::testing::kDefaultStreamScoresBytes);
   if (st != HEADSUM_OK) return CallFailed("qk_scores", st);
   g_current_call = "headsum_softmax_v";
   st = headsum_softmax_v(&a, scores_in->data(), v->data(), o_softmax->data());
