@@ -47,6 +47,14 @@ constexpr size_t kWideVecs = 3;
 constexpr size_t kWideRows = kTileRows;
 constexpr size_t kWideVecs = kTileVecs;
 #endif
+// The probability-weighted sum of values (P V, K = keys, L columns): 6 x 4
+// on 32-register targets, so that at L = 64 on AVX-512 each value row is
+// loaded once per 6 query rows (24 accumulators, 4 loads, 6 broadcasts).
+#if (HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3) || HWY_ARCH_ARM_A64
+constexpr size_t kPvVecs = 4;
+#else
+constexpr size_t kPvVecs = kTileVecs;
+#endif
 
 // K may be read in segments: the product over K runs `segments` times, the
 // s-th time with A advanced by s * a_step and B by s * b_step, all into the
@@ -60,19 +68,6 @@ struct KSegments {
   const float* init = nullptr;
 };
 
-// Pins v to a vector register at this point.  GCC 12's register allocator
-// otherwise copies the B vectors of MicroTile to the stack and feeds every
-// FMA from there (one store and kRows reloads per vector per k), which costs
-// the score product a third of its speed on AVX-512.
-template <class V>
-HWY_INLINE void KeepInRegister(V& v) {
-#if HWY_COMPILER_GCC_ACTUAL && HWY_ARCH_X86 && HWY_TARGET != HWY_SCALAR
-  asm("" : "+v"(v.raw));
-#else
-  (void)v;
-#endif
-}
-
 // The C block of kRows x kVecs vectors at B's column `col`:
 //   acc[r][v] = init + sum_{s, k < K} A[s*a_step + r*lda + k*ka] * B[s*b_step + k*ldb + col + v*N]
 // (ka = 1 for a row-major A; ka > 1 reads A transposed, e.g. P^T).
@@ -83,41 +78,41 @@ HWY_INLINE void MicroTile(D d, size_t K, const float* HWY_RESTRICT a, size_t lda
                           size_t ka, const float* HWY_RESTRICT b, size_t ldb, size_t col,
                           const Epilogue& epilogue, const KSegments& chain = KSegments()) {
   static_assert(1 <= kRows && kRows <= 8, "rows");
-  static_assert(1 <= kVecs && kVecs <= 3, "vectors");
+  static_assert(1 <= kVecs && kVecs <= 4, "vectors");
   using V = hn::Vec<D>;
   const size_t N = hn::Lanes(d);
   // Unused accumulators (rows >= kRows, vectors >= kVecs) compile away.
-  V i0 = hn::Zero(d), i1 = hn::Zero(d), i2 = hn::Zero(d);
+  V i0 = hn::Zero(d), i1 = hn::Zero(d), i2 = hn::Zero(d), i3 = hn::Zero(d);
   if (chain.init != nullptr) {
     i0 = hn::LoadU(d, chain.init + col);
     if constexpr (kVecs > 1) i1 = hn::LoadU(d, chain.init + col + N);
     if constexpr (kVecs > 2) i2 = hn::LoadU(d, chain.init + col + 2 * N);
+    if constexpr (kVecs > 3) i3 = hn::LoadU(d, chain.init + col + 3 * N);
   }
-  V c00 = i0, c01 = i1, c02 = i2;
-  V c10 = i0, c11 = i1, c12 = i2;
-  V c20 = i0, c21 = i1, c22 = i2;
-  V c30 = i0, c31 = i1, c32 = i2;
-  V c40 = i0, c41 = i1, c42 = i2;
-  V c50 = i0, c51 = i1, c52 = i2;
-  V c60 = i0, c61 = i1, c62 = i2;
-  V c70 = i0, c71 = i1, c72 = i2;
+  V c00 = i0, c01 = i1, c02 = i2, c03 = i3;
+  V c10 = i0, c11 = i1, c12 = i2, c13 = i3;
+  V c20 = i0, c21 = i1, c22 = i2, c23 = i3;
+  V c30 = i0, c31 = i1, c32 = i2, c33 = i3;
+  V c40 = i0, c41 = i1, c42 = i2, c43 = i3;
+  V c50 = i0, c51 = i1, c52 = i2, c53 = i3;
+  V c60 = i0, c61 = i1, c62 = i2, c63 = i3;
+  V c70 = i0, c71 = i1, c72 = i2, c73 = i3;
   for (size_t s = 0; s < chain.segments; ++s) {
     const float* HWY_RESTRICT bk = b + s * chain.b_step + col;
     const float* HWY_RESTRICT ak = a + s * chain.a_step;
     for (size_t k = 0; k < K; ++k, bk += ldb, ak += ka) {
       V b0 = hn::LoadU(d, bk);
-      V b1 = b0, b2 = b0;
+      V b1 = b0, b2 = b0, b3 = b0;
       if constexpr (kVecs > 1) b1 = hn::LoadU(d, bk + N);
       if constexpr (kVecs > 2) b2 = hn::LoadU(d, bk + 2 * N);
-      KeepInRegister(b0);
-      if constexpr (kVecs > 1) KeepInRegister(b1);
-      if constexpr (kVecs > 2) KeepInRegister(b2);
+      if constexpr (kVecs > 3) b3 = hn::LoadU(d, bk + 3 * N);
 #define HEADSUM_ROW_FMA(r)                                          \
   if constexpr (kRows > r) {                                        \
     const V ar = hn::Set(d, ak[r * lda]);                           \
     c##r##0 = hn::MulAdd(ar, b0, c##r##0);                          \
     if constexpr (kVecs > 1) c##r##1 = hn::MulAdd(ar, b1, c##r##1); \
     if constexpr (kVecs > 2) c##r##2 = hn::MulAdd(ar, b2, c##r##2); \
+    if constexpr (kVecs > 3) c##r##3 = hn::MulAdd(ar, b3, c##r##3); \
   }
       HEADSUM_ROW_FMA(0)
       HEADSUM_ROW_FMA(1)
@@ -135,6 +130,7 @@ HWY_INLINE void MicroTile(D d, size_t K, const float* HWY_RESTRICT a, size_t lda
     epilogue(d, r, col, c##r##0);                                      \
     if constexpr (kVecs > 1) epilogue(d, r, col + N, c##r##1);         \
     if constexpr (kVecs > 2) epilogue(d, r, col + 2 * N, c##r##2);     \
+    if constexpr (kVecs > 3) epilogue(d, r, col + 3 * N, c##r##3);     \
   }
   HEADSUM_ROW_OUT(0)
   HEADSUM_ROW_OUT(1)
@@ -159,6 +155,12 @@ HWY_INLINE void MatMulRows(size_t cols, size_t K, const float* HWY_RESTRICT a,
   size_t col = 0;
   for (; col + kVecs * N <= cols; col += kVecs * N) {
     MicroTile<kRows, kVecs>(d, K, a, lda, ka, b, ldb, col, epilogue, chain);
+  }
+  if constexpr (kVecs > 3) {
+    if (col + 3 * N <= cols) {
+      MicroTile<kRows, 3>(d, K, a, lda, ka, b, ldb, col, epilogue, chain);
+      col += 3 * N;
+    }
   }
   if constexpr (kVecs > 2) {
     if (col + 2 * N <= cols) {
@@ -303,13 +305,13 @@ HWY_INLINE void WeightedSumRagged(size_t rows, size_t L, const float* HWY_RESTRI
     const float* HWY_RESTRICT p0 = p + r0 * ldp;
     float* HWY_RESTRICT o0 = out + r0 * ldo;
     if (accumulate) {
-      MatMulStridedA(tile, L, common, p0, ldp, kp, v, L,
+      MatMulStridedA<kTileRows, kPvVecs>(tile, L, common, p0, ldp, kp, v, L,
                      [&](auto d, size_t r, size_t c, auto acc) {
                        float* HWY_RESTRICT dst = o0 + r * ldo + c;
                        hn::StoreU(hn::Add(hn::LoadU(d, dst), acc), d, dst);
                      });
     } else {
-      MatMulStridedA(tile, L, common, p0, ldp, kp, v, L,
+      MatMulStridedA<kTileRows, kPvVecs>(tile, L, common, p0, ldp, kp, v, L,
                      [&](auto d, size_t r, size_t c, auto acc) {
                        hn::StoreU(acc, d, o0 + r * ldo + c);
                      });
