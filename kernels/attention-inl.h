@@ -229,11 +229,11 @@ inline void FlashAttentionRows(const AttnDims& a, const float* HWY_RESTRICT q,
       const auto m_new = hn::Max(m_old, tile_max);
       // Rows that have seen nothing finite shift by 0: exp(-inf - 0) = 0.
       const auto shift = hn::IfThenZeroElse(hn::Eq(m_new, neg_inf), m_new);
-      const auto corr = hn::Exp(d, hn::Sub(m_old, shift));
+      const auto corr = ExpNonPositive(d, hn::Sub(m_old, shift));
       auto sum = hn::Zero(d);
       for (size_t j = 0; j < nj; ++j) {
         float* HWY_RESTRICT p = f.s_t + j * ldw + c;
-        const auto e = hn::Exp(d, hn::Sub(hn::LoadU(d, p), shift));
+        const auto e = ExpNonPositive(d, hn::Sub(hn::LoadU(d, p), shift));
         hn::StoreU(e, d, p);
         sum = hn::Add(sum, e);
       }

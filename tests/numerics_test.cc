@@ -798,6 +798,43 @@ TEST_P(Numerics, ContributionNormsOfTinyContributionsDoNotUnderflow) {
   }
 }
 
+// The kernels' exponential (ExpNonPositive in kernels/matmul-inl.h) is
+// documented as < 2 ulp relative error on [-87.3, 0].  softmax_v with two
+// keys, scores {0, x} and V = I, gives out = {1, e^x} / (1 + e^x): the
+// ratio out[1] / out[0] is the kernel's e^x, up to one rounding in each of
+// the two normalizations.  So |ratio / e^x - 1| <= 2 ulp + 2 half-ulps.
+TEST_P(Numerics, SoftmaxExponentialIsWithinTwoUlpDownToFltMin) {
+  constexpr int64_t kRows = 1 << 16;
+  headsum_attn_shape shape{};
+  shape.batch = shape.heads = 1;
+  shape.seq_q = kRows;
+  shape.seq_kv = 2;
+  shape.head_dim = 2;
+  std::vector<float> scores(2 * kRows);
+  for (int64_t r = 0; r < kRows; ++r) {
+    scores[2 * r] = 0.0f;
+    scores[2 * r + 1] = -87.3f * float(r) / float(kRows - 1);  // 0 .. -87.3
+  }
+  const std::vector<float> v = {1.0f, 0.0f, 0.0f, 1.0f};
+  std::vector<float> out = Sentinels(2 * kRows);
+  ASSERT_EQ(headsum_softmax_v(&shape, scores.data(), v.data(), out.data()), HEADSUM_OK)
+      << headsum_last_error();
+  double worst = 0;
+  float worst_x = 0;
+  for (int64_t r = 0; r < kRows; ++r) {
+    const double x = scores[2 * r + 1];
+    const double rel = std::fabs(double(out[2 * r + 1]) / double(out[2 * r]) / std::exp(x) - 1.0);
+    if (!(rel <= worst)) {
+      worst = rel;
+      worst_x = float(x);
+    }
+  }
+  const double ulp = std::ldexp(1.0, -23);
+  EXPECT_LE(worst, 3.0 * ulp) << "worst relative error " << worst / ulp << " ulp at x = " << worst_x;
+  std::printf("[ EXP      ] %s: worst relative error of e^x on [-87.3, 0]: %.2f ulp (x = %g)\n",
+              GetParam().c_str(), worst / ulp, worst_x);
+}
+
 HEADSUM_INSTANTIATE_FOR_COMPILED_TARGETS(Numerics);
 
 }  // namespace
