@@ -20,14 +20,16 @@ HWY_BEFORE_NAMESPACE();
 namespace headsum {
 namespace HWY_NAMESPACE {
 
-// The register tile of the score product.
-constexpr size_t kQkRows = kWideRows;
-constexpr size_t kQkVecs = kWideVecs;
+// The register tile of the score product: 6 x 4 vectors on 32-register
+// targets (64 keys on AVX-512: 512 keys are 8 whole panels), else 6 x 2.
+constexpr size_t kQkRows = kTileRows;
+constexpr size_t kQkVecs = kPvVecs;
 
-// Keys packed per step: K^T for kKeyChunk keys (L x 96 floats, 24 KiB at
+// Keys packed per step: K^T for kKeyChunk keys (L x 64 floats, 16 KiB at
 // L = 64) stays in L1 while every query row of the item passes it, cut into
-// panels of one register tile's columns (96 = 2 x 48 = 3 x 32 = 6 x 16...).
-constexpr size_t kKeyChunk = 96;
+// panels of one register tile's columns (64 = 1 x 64 on AVX-512, 4 x 16 on
+// AVX2...).
+constexpr size_t kKeyChunk = 64;
 
 // Floats of scratch QDotKRows needs.
 inline size_t QkScoresScratch(const AttnDims& a) { return a.head_dim * kKeyChunk; }
