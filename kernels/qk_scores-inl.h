@@ -75,7 +75,8 @@ inline void QDotKRows(const AttnDims& a, const float* HWY_RESTRICT q,
   float* HWY_RESTRICT s_h = scores + ((b * a.heads + h) * a.seq_q) * Skv;
   const size_t keys_needed = a.visible_keys(i1 - 1);  // the last row sees the most
   const hn::ScalableTag<float> d;
-  const size_t P = kQkVecs * hn::Lanes(d);  // keys per panel
+  const size_t N = hn::Lanes(d);
+  const size_t P = kQkVecs * N;  // keys per panel
   const float scale = a.scale;
 
   for (size_t j0 = 0; j0 < keys_needed; j0 += kKeyChunk) {
@@ -91,7 +92,10 @@ inline void QDotKRows(const AttnDims& a, const float* HWY_RESTRICT q,
       for (size_t p = 0; p < nj && j0 + p < visible; p += P) {
         const size_t key0 = j0 + p;
         const size_t width = nj - p < P ? nj - p : P;
-        const size_t cols = visible - key0 < width ? visible - key0 : width;
+        // On the causal diagonal, whole vectors: the few masked scores this
+        // computes are overwritten with -inf below.
+        const size_t needed = (visible - key0 + N - 1) / N * N;
+        const size_t cols = needed < width ? needed : width;
         if (stream) {
           ScoreTile<true>(rows, cols, L, q_h + r0 * L, scratch + p * L, width,
                           s_h + r0 * Skv + key0, Skv);
