@@ -3,6 +3,7 @@
 #include <stdio.h>
 
 #include <exception>
+#include <memory>
 #include <new>
 
 #include "dispatch/ops.h"
@@ -203,10 +204,26 @@ headsum_status headsum_head_attribution(const headsum_proj_shape* shape, const f
 
 struct headsum_wo_packed {
   int64_t heads, head_dim, model_dim;
-  hwy::AlignedFreeUniquePtr<float[]> panels;  // kernels/shapes.h: kWoPanelCols
+  hwy::AlignedFreeUniquePtr<float[]> data;  // panels, kernels/shapes.h: kWoPanelCols
 };
 
 namespace {
+
+// Hands out a new weight handle (packed Wo, attribution basis): `made` and
+// its data come from allocations that return null when memory is short;
+// fill(data) computes the contents.  On any failure the handle is freed and
+// *out is left as it was.
+template <class Handle, class Fill>
+headsum_status HandOut(const char* fn, const char* what, Handle* made, const Fill& fill,
+                       Handle** out) {
+  std::unique_ptr<Handle> owned(made);
+  if (!owned || !owned->data) {
+    return Fail(HEADSUM_ERR_OUT_OF_MEMORY, fn, "out of memory for %s", what);
+  }
+  HEADSUM_CHECK(Reported(fn, fill(owned->data.get())));
+  *out = owned.release();
+  return HEADSUM_OK;
+}
 
 // The shape a handle was made for against the shape of a call.
 headsum_status CheckSameWeights(const char* fn, const char* what,
@@ -235,19 +252,11 @@ headsum_status headsum_wo_pack(const headsum_proj_shape* shape, const float* wo,
   HEADSUM_CHECK(CheckPointer(fn, "wo", wo));
   HEADSUM_CHECK(CheckPointer(fn, "packed", packed));
   return Guarded(fn, [&] {
-    headsum_wo_packed* made = new (std::nothrow) headsum_wo_packed{
-        shape->heads, shape->head_dim, shape->model_dim, AllocateFloats(p.inner() * p.model_dim)};
-    if (made == nullptr || !made->panels) {
-      delete made;
-      return Fail(HEADSUM_ERR_OUT_OF_MEMORY, fn, "out of memory for the packed Wo");
-    }
-    const headsum_status s = Reported(fn, PackWo(p, wo, made->panels.get()));
-    if (s != HEADSUM_OK) {
-      delete made;
-      return s;
-    }
-    *packed = made;
-    return HEADSUM_OK;
+    return HandOut(
+        fn, "the packed Wo",
+        new (std::nothrow) headsum_wo_packed{shape->heads, shape->head_dim, shape->model_dim,
+                                             AllocateFloats(p.inner() * p.model_dim)},
+        [&](float* panels) { return PackWo(p, wo, panels); }, packed);
   });
 }
 
@@ -264,7 +273,7 @@ headsum_status headsum_project_heads_sum_packed(const headsum_proj_shape* shape,
   HEADSUM_CHECK(CheckSameWeights(fn, "packed Wo", shape, wo->heads, wo->head_dim,
                                  wo->model_dim));
   return Guarded(fn, [&] {
-    return Reported(fn, ProjectHeadsSumPacked(p, heads, wo->panels.get(), bias, y));
+    return Reported(fn, ProjectHeadsSumPacked(p, heads, wo->data.get(), bias, y));
   });
 }
 
@@ -274,7 +283,7 @@ void headsum_wo_free(headsum_wo_packed* packed) { delete packed; }
 
 struct headsum_attribution_basis {
   int64_t heads, head_dim, model_dim, n_directions;
-  hwy::AlignedFreeUniquePtr<float[]> wd;  // [H][R][L]
+  hwy::AlignedFreeUniquePtr<float[]> data;  // Wo directions^T, [H][R][L]
 };
 
 extern "C" {
@@ -298,22 +307,16 @@ headsum_status headsum_attribution_basis_create(const headsum_proj_shape* shape,
   HEADSUM_CHECK(CheckElements(fn, "basis [H][R][L]", &n, shape->heads, shape->head_dim,
                               n_directions));
   return Guarded(fn, [&] {
-    headsum_attribution_basis* made = new (std::nothrow) headsum_attribution_basis{
-        shape->heads, shape->head_dim, shape->model_dim, n_directions,
-        AllocateFloats(static_cast<size_t>(n))};
-    if (made == nullptr || !made->wd) {
-      delete made;
-      return Fail(HEADSUM_ERR_OUT_OF_MEMORY, fn, "out of memory for the basis");
-    }
-    const headsum_status s = Reported(
-        fn, ProjectWeightsOntoDirections(p, wo, directions, static_cast<size_t>(n_directions),
-                                         made->wd.get()));
-    if (s != HEADSUM_OK) {
-      delete made;
-      return s;
-    }
-    *basis = made;
-    return HEADSUM_OK;
+    return HandOut(
+        fn, "the basis",
+        new (std::nothrow) headsum_attribution_basis{shape->heads, shape->head_dim,
+                                                     shape->model_dim, n_directions,
+                                                     AllocateFloats(static_cast<size_t>(n))},
+        [&](float* wd) {
+          return ProjectWeightsOntoDirections(p, wo, directions,
+                                              static_cast<size_t>(n_directions), wd);
+        },
+        basis);
   });
 }
 
@@ -333,7 +336,7 @@ headsum_status headsum_head_attribution_basis(const headsum_proj_shape* shape,
   HEADSUM_CHECK(CheckElements(fn, "out [B][S][H][R]", &n, shape->batch, shape->seq,
                               shape->heads, basis->n_directions));
   return Guarded(fn, [&] {
-    return Reported(fn, AttributionFromBasis(p, heads, basis->wd.get(),
+    return Reported(fn, AttributionFromBasis(p, heads, basis->data.get(),
                                              static_cast<size_t>(basis->n_directions), out));
   });
 }

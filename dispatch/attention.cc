@@ -30,7 +30,7 @@ namespace dispatch {
 namespace {
 
 // Query rows per work item of qk_scores: each item packs K^T once per key
-// panel, so many rows amortize the packing.
+// chunk, so many rows amortize the packing.
 constexpr size_t kScoreRowBlock = 512;
 // Query rows per work item of softmax_v.
 constexpr size_t kRowBlock = 64;

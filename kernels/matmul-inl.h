@@ -143,9 +143,10 @@ HWY_INLINE void MicroTile(D d, size_t K, const float* HWY_RESTRICT a, size_t lda
 #undef HEADSUM_ROW_OUT
 }
 
-// kRows rows of C, columns [0, cols): full tiles of 2 vectors, then one
-// vector, then single lanes (Highway 1.0.3 has no LoadN, and MaskedLoad is a
-// full load on SSE4, so the tail never touches memory past column cols-1).
+// kRows rows of C, columns [0, cols): full tiles of kVecs vectors, then
+// narrower ones down to one vector, then single lanes (Highway 1.0.3 has no
+// LoadN, and MaskedLoad is a full load on SSE4, so the tail never touches
+// memory past column cols-1).
 template <size_t kRows, size_t kVecs, class Epilogue>
 HWY_INLINE void MatMulRows(size_t cols, size_t K, const float* HWY_RESTRICT a,
                            size_t lda, size_t ka, const float* HWY_RESTRICT b, size_t ldb,
@@ -331,7 +332,7 @@ HWY_INLINE void WeightedSumRagged(size_t rows, size_t L, const float* HWY_RESTRI
 //   Accuracy: relative error < 2 ulp (2 * 2^-23) for -87.3 <= x <= 0
 //   (tests/numerics_test.cc measures it on every target); 0 for x < -87.3,
 //   where e^x < 1.2e-38 (FLT_MIN): subnormal results are flushed.  NaN gives
-//   NaN.  Also exact-enough for 0 < x < 88 (not used).
+//   NaN.
 template <class D, class V>
 HWY_INLINE V ExpNonPositive(D d, V x) {
   const hn::RebindToSigned<D> di;

@@ -78,6 +78,7 @@ inline void QDotKRows(const AttnDims& a, const float* HWY_RESTRICT q,
   const size_t N = hn::Lanes(d);
   const size_t P = kQkVecs * N;  // keys per panel
   const float scale = a.scale;
+  const auto score_tile = stream ? &ScoreTile<true> : &ScoreTile<false>;
 
   for (size_t j0 = 0; j0 < keys_needed; j0 += kKeyChunk) {
     const size_t nj = keys_needed - j0 < kKeyChunk ? keys_needed - j0 : kKeyChunk;
@@ -96,13 +97,8 @@ inline void QDotKRows(const AttnDims& a, const float* HWY_RESTRICT q,
         // computes are overwritten with -inf below.
         const size_t needed = (visible - key0 + N - 1) / N * N;
         const size_t cols = needed < width ? needed : width;
-        if (stream) {
-          ScoreTile<true>(rows, cols, L, q_h + r0 * L, scratch + p * L, width,
-                          s_h + r0 * Skv + key0, Skv);
-        } else {
-          ScoreTile<false>(rows, cols, L, q_h + r0 * L, scratch + p * L, width,
-                           s_h + r0 * Skv + key0, Skv);
-        }
+        score_tile(rows, cols, L, q_h + r0 * L, scratch + p * L, width, s_h + r0 * Skv + key0,
+                   Skv);
       }
     }
   }
