@@ -41,6 +41,9 @@ constexpr size_t kQueryBlock = kAttentionQueryBlock;
 // Up to this many query rows, each row runs alone on dot products: a block
 // of vectors along the queries would be mostly padding.
 constexpr size_t kDotRows = 3;
+// Keys per tile of the dot path: the scores of a tile (2 KiB) stay in L1
+// while its value rows stream once through registers.
+constexpr size_t kDotKeyTile = 512;
 
 // Query columns of the transposed tiles: the block rounded up to vectors.
 inline size_t QueryColumns(size_t rows) {
@@ -58,12 +61,12 @@ struct FlashScratch {
   float* l;       // [ldw] running denominator
   float* corr;    // [ldw] exp(m - m') of the last tile
   float* bad;     // [ldw] nonzero once a NaN or +inf score was seen
-  float* s_row;   // [kKeyTile] the dot path's scores
+  float* s_row;   // [kDotKeyTile] the dot path's scores
 };
 
 inline size_t AttentionScratch(const AttnDims& a) {
   const size_t ldw = QueryColumns(kQueryBlock);
-  return ldw * a.head_dim + kKeyTile * ldw + kQueryBlock * a.head_dim + 4 * ldw + kKeyTile;
+  return ldw * a.head_dim + kKeyTile * ldw + kQueryBlock * a.head_dim + 4 * ldw + kDotKeyTile;
 }
 
 inline FlashScratch CarveFlashScratch(const AttnDims& a, float* scratch) {
@@ -109,23 +112,63 @@ inline void FinishRows(size_t rows, size_t L, const float* HWY_RESTRICT acc,
   }
 }
 
-// acc[:] += sum_{j < n} p[j] V[j][:], four value rows per pass over acc.
-HWY_INLINE void AccumulateWeightedRows(const float* HWY_RESTRICT p, size_t n,
-                                       const float* HWY_RESTRICT v, size_t L,
+// acc[:] = corr * acc[:] + sum_{j < n} p[j] V[j][:].  The sum over the keys
+// stays in registers: per block of columns, two FMA chains per vector (even
+// and odd keys), added at the end, so acc is read and written once per tile.
+HWY_INLINE void RescaleAddWeightedRows(const float* HWY_RESTRICT p, size_t n,
+                                       const float* HWY_RESTRICT v, size_t L, float corr,
                                        float* HWY_RESTRICT acc) {
-  size_t j = 0;
-  for (; j + 4 <= n; j += 4) {
-    const float* HWY_RESTRICT v0 = v + j * L;
-    ForEachVector(L, [&](auto d, size_t c) {
-      auto sum = hn::LoadU(d, acc + c);
-      sum = hn::MulAdd(hn::Set(d, p[j]), hn::LoadU(d, v0 + c), sum);
-      sum = hn::MulAdd(hn::Set(d, p[j + 1]), hn::LoadU(d, v0 + L + c), sum);
-      sum = hn::MulAdd(hn::Set(d, p[j + 2]), hn::LoadU(d, v0 + 2 * L + c), sum);
-      sum = hn::MulAdd(hn::Set(d, p[j + 3]), hn::LoadU(d, v0 + 3 * L + c), sum);
-      hn::StoreU(sum, d, acc + c);
-    });
+  const hn::ScalableTag<float> d;
+  const size_t N = hn::Lanes(d);
+  const auto vcorr = hn::Set(d, corr);
+  size_t c = 0;
+  for (; c + 4 * N <= L; c += 4 * N) {
+    auto e0 = hn::Zero(d), e1 = hn::Zero(d), e2 = hn::Zero(d), e3 = hn::Zero(d);
+    auto o0 = hn::Zero(d), o1 = hn::Zero(d), o2 = hn::Zero(d), o3 = hn::Zero(d);
+    const float* HWY_RESTRICT v_c = v + c;
+    size_t j = 0;
+    for (; j + 2 <= n; j += 2, v_c += 2 * L) {
+      const auto pe = hn::Set(d, p[j]), po = hn::Set(d, p[j + 1]);
+      e0 = hn::MulAdd(pe, hn::LoadU(d, v_c), e0);
+      e1 = hn::MulAdd(pe, hn::LoadU(d, v_c + N), e1);
+      e2 = hn::MulAdd(pe, hn::LoadU(d, v_c + 2 * N), e2);
+      e3 = hn::MulAdd(pe, hn::LoadU(d, v_c + 3 * N), e3);
+      o0 = hn::MulAdd(po, hn::LoadU(d, v_c + L), o0);
+      o1 = hn::MulAdd(po, hn::LoadU(d, v_c + L + N), o1);
+      o2 = hn::MulAdd(po, hn::LoadU(d, v_c + L + 2 * N), o2);
+      o3 = hn::MulAdd(po, hn::LoadU(d, v_c + L + 3 * N), o3);
+    }
+    if (j < n) {
+      const auto pe = hn::Set(d, p[j]);
+      e0 = hn::MulAdd(pe, hn::LoadU(d, v_c), e0);
+      e1 = hn::MulAdd(pe, hn::LoadU(d, v_c + N), e1);
+      e2 = hn::MulAdd(pe, hn::LoadU(d, v_c + 2 * N), e2);
+      e3 = hn::MulAdd(pe, hn::LoadU(d, v_c + 3 * N), e3);
+    }
+    float* HWY_RESTRICT a_c = acc + c;
+    hn::StoreU(hn::MulAdd(hn::LoadU(d, a_c), vcorr, hn::Add(e0, o0)), d, a_c);
+    hn::StoreU(hn::MulAdd(hn::LoadU(d, a_c + N), vcorr, hn::Add(e1, o1)), d, a_c + N);
+    hn::StoreU(hn::MulAdd(hn::LoadU(d, a_c + 2 * N), vcorr, hn::Add(e2, o2)), d, a_c + 2 * N);
+    hn::StoreU(hn::MulAdd(hn::LoadU(d, a_c + 3 * N), vcorr, hn::Add(e3, o3)), d, a_c + 3 * N);
   }
-  for (; j < n; ++j) AddScaled(p[j], v + j * L, L, acc);
+  // The rest, a vector (then a lane) at a time, four chains over the keys.
+  const auto rest = [&](auto dc, size_t c) {
+    auto s0 = hn::Zero(dc), s1 = hn::Zero(dc), s2 = hn::Zero(dc), s3 = hn::Zero(dc);
+    const float* HWY_RESTRICT v_c = v + c;
+    size_t j = 0;
+    for (; j + 4 <= n; j += 4, v_c += 4 * L) {
+      s0 = hn::MulAdd(hn::Set(dc, p[j]), hn::LoadU(dc, v_c), s0);
+      s1 = hn::MulAdd(hn::Set(dc, p[j + 1]), hn::LoadU(dc, v_c + L), s1);
+      s2 = hn::MulAdd(hn::Set(dc, p[j + 2]), hn::LoadU(dc, v_c + 2 * L), s2);
+      s3 = hn::MulAdd(hn::Set(dc, p[j + 3]), hn::LoadU(dc, v_c + 3 * L), s3);
+    }
+    for (; j < n; ++j, v_c += L) s0 = hn::MulAdd(hn::Set(dc, p[j]), hn::LoadU(dc, v_c), s0);
+    const auto sum = hn::Add(hn::Add(s0, s1), hn::Add(s2, s3));
+    hn::StoreU(hn::MulAdd(hn::LoadU(dc, acc + c), hn::Set(dc, corr), sum), dc, acc + c);
+  };
+  for (; c + N <= L; c += N) rest(d, c);
+  const hn::CappedTag<float, 1> d1;
+  for (; c < L; ++c) rest(d1, c);
 }
 
 // One query row on dot products (decode): keys [key_begin, key_end).
@@ -137,8 +180,8 @@ inline void FlashAttentionRowByDot(const AttnDims& a, const float* HWY_RESTRICT 
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   const size_t L = a.head_dim;
   const size_t end = visible < key_end ? visible : key_end;
-  for (size_t j0 = key_begin; j0 < end; j0 += kKeyTile) {
-    const size_t nj = end - j0 < kKeyTile ? end - j0 : kKeyTile;
+  for (size_t j0 = key_begin; j0 < end; j0 += kDotKeyTile) {
+    const size_t nj = end - j0 < kDotKeyTile ? end - j0 : kDotKeyTile;
     for (size_t j = 0; j < nj; ++j) s_row[j] = a.scale * Dot(q_i, k_g + (j0 + j) * L, L);
     const float tile_max = RowMax(s_row, nj);
     if (!(tile_max < std::numeric_limits<float>::infinity())) {  // NaN or +inf
@@ -151,8 +194,7 @@ inline void FlashAttentionRowByDot(const AttnDims& a, const float* HWY_RESTRICT 
     const float tile_sum = ExpShiftedRow(s_row, nj, m_new, s_row);
     *l = *l * correction + tile_sum;
     *m = m_new;
-    if (correction != 1.0f) ScaleRow(acc, L, correction);
-    AccumulateWeightedRows(s_row, nj, v_g + j0 * L, L, acc);
+    RescaleAddWeightedRows(s_row, nj, v_g + j0 * L, L, correction, acc);
   }
 }
 
