@@ -259,26 +259,48 @@ inline void FlashAttentionRows(const AttnDims& a, const float* HWY_RESTRICT q,
     const hn::ScalableTag<float> d;
     const size_t N = hn::Lanes(d);
     const auto neg_inf = hn::Set(d, kNegInf), pos_inf = hn::Set(d, -kNegInf);
+    // Four keys per step, each with its own max, flag and sum: the chains
+    // of Max and Add would otherwise bound the loops by their latency.
     for (size_t c = 0; c < cols; c += N) {
+      const float* HWY_RESTRICT s_c = f.s_t + c;
       const auto m_old = hn::LoadU(d, f.m + c);
-      auto tile_max = neg_inf;
-      auto bad = hn::Ne(hn::LoadU(d, f.bad + c), hn::Zero(d));
-      for (size_t j = 0; j < nj; ++j) {
-        const auto s = hn::LoadU(d, f.s_t + j * ldw + c);
-        tile_max = hn::Max(tile_max, s);
+      auto max0 = neg_inf, max1 = neg_inf, max2 = neg_inf, max3 = neg_inf;
+      auto bad0 = hn::Ne(hn::LoadU(d, f.bad + c), hn::Zero(d));
+      auto bad1 = bad0, bad2 = bad0, bad3 = bad0;
+      const auto see = [&](auto& max, auto& bad, size_t j) {
+        const auto s = hn::LoadU(d, s_c + j * ldw);
+        max = hn::Max(max, s);
         bad = hn::Or(bad, hn::Not(hn::Lt(s, pos_inf)));  // NaN or +inf
+      };
+      size_t j = 0;
+      for (; j + 4 <= nj; j += 4) {
+        see(max0, bad0, j);
+        see(max1, bad1, j + 1);
+        see(max2, bad2, j + 2);
+        see(max3, bad3, j + 3);
       }
+      for (; j < nj; ++j) see(max0, bad0, j);
+      const auto tile_max = hn::Max(hn::Max(max0, max1), hn::Max(max2, max3));
+      const auto bad = hn::Or(hn::Or(bad0, bad1), hn::Or(bad2, bad3));
       const auto m_new = hn::Max(m_old, tile_max);
       // Rows that have seen nothing finite shift by 0: exp(-inf - 0) = 0.
       const auto shift = hn::IfThenZeroElse(hn::Eq(m_new, neg_inf), m_new);
       const auto corr = ExpNonPositive(d, hn::Sub(m_old, shift));
-      auto sum = hn::Zero(d);
-      for (size_t j = 0; j < nj; ++j) {
+      auto sum0 = hn::Zero(d), sum1 = hn::Zero(d), sum2 = hn::Zero(d), sum3 = hn::Zero(d);
+      const auto weigh = [&](auto& sum, size_t j) {
         float* HWY_RESTRICT p = f.s_t + j * ldw + c;
         const auto e = ExpNonPositive(d, hn::Sub(hn::LoadU(d, p), shift));
         hn::StoreU(e, d, p);
         sum = hn::Add(sum, e);
+      };
+      for (j = 0; j + 4 <= nj; j += 4) {
+        weigh(sum0, j);
+        weigh(sum1, j + 1);
+        weigh(sum2, j + 2);
+        weigh(sum3, j + 3);
       }
+      for (; j < nj; ++j) weigh(sum0, j);
+      const auto sum = hn::Add(hn::Add(sum0, sum1), hn::Add(sum2, sum3));
       hn::StoreU(m_new, d, f.m + c);
       hn::StoreU(hn::MulAdd(hn::LoadU(d, f.l + c), corr, sum), d, f.l + c);
       hn::StoreU(corr, d, f.corr + c);
