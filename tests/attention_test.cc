@@ -214,6 +214,27 @@ TEST_P(Attention, LargeScoresStayWithinBound) {
   });
 }
 
+// A few query rows (the dot-product path) over more keys than the sweep has:
+// several key tiles within a work item (rescaled partial sums), keys split
+// across work items (Skv >= 1024), head dims that leave a vector and a lane
+// tail.  Magnitude 2 makes the later tiles' maxima move far.
+std::vector<MhaShape> FewRowsManyKeysShapes() {
+  return {
+      MhaShape{1, 2, 1, 1, 700, 65, 17, false},   MhaShape{2, 4, 2, 3, 1000, 17, 33, true},
+      MhaShape{1, 3, 0, 2, 1600, 64, 96, false},  MhaShape{1, 1, 1, 1, 513, 1, 1, false},
+      MhaShape{1, 2, 2, 3, 1100, 80, 160, true},
+  };
+}
+
+TEST_P(Attention, FewQueryRowsOverManyKeysStayWithinBound) {
+  ForEachShape(FewRowsManyKeysShapes(), [](const MhaShape& s, uint64_t n) {
+    const testing::AssertionResult unit =
+        AttentionMatchesReference(headsum_attention, s, ScaleFor(n), 1.0f, 7000 + n);
+    if (!unit) return unit;
+    return AttentionMatchesReference(headsum_attention, s, 1.0f, 2.0f, 7100 + n);
+  });
+}
+
 // The flash-style kernel against its simple twin on the same target: each is
 // within AttentionBound of the exact result, so they are within twice that of
 // each other.
