@@ -218,9 +218,9 @@ inline void FlashAttentionRows(const AttnDims& a, const float* HWY_RESTRICT q,
   const size_t ldw = f.ldw, cols = QueryColumns(rows);
 
   Fill(f.acc, rows * L, 0.0f);
-  Fill(f.m, ldw, kNegInf);
-  Fill(f.l, ldw, 0.0f);
-  Fill(f.bad, ldw, 0.0f);
+  Fill(f.m, cols, kNegInf);
+  Fill(f.l, cols, 0.0f);
+  Fill(f.bad, cols, 0.0f);
 
   if (rows <= kDotRows) {
     for (size_t r = 0; r < rows; ++r) {
