@@ -7,6 +7,8 @@
 //   l   = l   * exp(m - m') + sum_{j in T} exp(s_j - m')
 // and O = acc / l at the end (zeros when the row sees no key; NaN when it
 // sees a NaN or +inf score, as IEEE arithmetic on the reference gives).
+// The kernels carry the scores in base 2, s log2(e) (the factor folded into
+// the scale), so that each exponential is a 2^x: exp(s - m) = 2^(s2 - m2).
 //
 // A block of query rows computes the transposed scores S^T = K_T (scale Q)^T
 // of each key tile: K is read in place as the broadcast operand (no K^T
@@ -82,6 +84,9 @@ inline FlashScratch CarveFlashScratch(const AttnDims& a, float* scratch) {
   f.s_row = f.bad + f.ldw;
   return f;
 }
+
+// The scale of the base-2 scores: s2 = (scale log2(e)) q . k.
+inline float Base2Scale(const AttnDims& a) { return a.scale * 1.44269504088896341f; }
 
 // Per query row, what a range of keys leaves behind when the keys are split
 // across work items: the unnormalized output, the max and the denominator.
@@ -180,9 +185,10 @@ inline void FlashAttentionRowByDot(const AttnDims& a, const float* HWY_RESTRICT 
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   const size_t L = a.head_dim;
   const size_t end = visible < key_end ? visible : key_end;
+  const float scale2 = Base2Scale(a);
   for (size_t j0 = key_begin; j0 < end; j0 += kDotKeyTile) {
     const size_t nj = end - j0 < kDotKeyTile ? end - j0 : kDotKeyTile;
-    for (size_t j = 0; j < nj; ++j) s_row[j] = a.scale * Dot(q_i, k_g + (j0 + j) * L, L);
+    for (size_t j = 0; j < nj; ++j) s_row[j] = scale2 * Dot(q_i, k_g + (j0 + j) * L, L);
     const float tile_max = RowMax(s_row, nj);
     if (!(tile_max < std::numeric_limits<float>::infinity())) {  // NaN or +inf
       *bad = 1.0f;
@@ -190,8 +196,8 @@ inline void FlashAttentionRowByDot(const AttnDims& a, const float* HWY_RESTRICT 
     }
     const float m_new = HWY_MAX(*m, tile_max);
     if (m_new == kNegInf) continue;
-    const float correction = *m == kNegInf ? 0.0f : std::exp(*m - m_new);
-    const float tile_sum = ExpShiftedRow(s_row, nj, m_new, s_row);
+    const float correction = *m == kNegInf ? 0.0f : std::exp2(*m - m_new);
+    const float tile_sum = ExpShiftedRow</*kBase2=*/true>(s_row, nj, m_new, s_row);
     *l = *l * correction + tile_sum;
     *m = m_new;
     RescaleAddWeightedRows(s_row, nj, v_g + j0 * L, L, correction, acc);
@@ -231,11 +237,12 @@ inline void FlashAttentionRows(const AttnDims& a, const float* HWY_RESTRICT q,
     return;
   }
 
-  // q_t[l][r] = scale * Q[i0 + r][l]; padding columns stay 0 (finite scores
-  // in lanes no row reads).
+  // q_t[l][r] = scale log2(e) Q[i0 + r][l]; padding columns stay 0 (finite
+  // scores in lanes no row reads).
+  const float scale2 = Base2Scale(a);
   for (size_t l = 0; l < L; ++l) {
     float* HWY_RESTRICT q_t_l = f.q_t + l * ldw;
-    for (size_t r = 0; r < rows; ++r) q_t_l[r] = a.scale * q_blk[r * L + l];
+    for (size_t r = 0; r < rows; ++r) q_t_l[r] = scale2 * q_blk[r * L + l];
     for (size_t r = rows; r < cols; ++r) q_t_l[r] = 0.0f;
   }
 
@@ -244,7 +251,7 @@ inline void FlashAttentionRows(const AttnDims& a, const float* HWY_RESTRICT q,
   size_t keys[kQueryBlock];
   for (size_t j0 = key_begin; j0 < keys_needed; j0 += kKeyTile) {
     const size_t nj = keys_needed - j0 < kKeyTile ? keys_needed - j0 : kKeyTile;
-    // S^T[j][r] = K[j0 + j] . (scale Q[i0 + r])
+    // S^T[j][r] = K[j0 + j] . (scale log2(e) Q[i0 + r])
     MatMul(nj, cols, L, k_g + j0 * L, L, f.q_t, ldw, [&](auto d, size_t j, size_t c, auto acc) {
       hn::StoreU(acc, d, f.s_t + j * ldw + c);
     });
@@ -285,11 +292,11 @@ inline void FlashAttentionRows(const AttnDims& a, const float* HWY_RESTRICT q,
       const auto m_new = hn::Max(m_old, tile_max);
       // Rows that have seen nothing finite shift by 0: exp(-inf - 0) = 0.
       const auto shift = hn::IfThenZeroElse(hn::Eq(m_new, neg_inf), m_new);
-      const auto corr = ExpNonPositive(d, hn::Sub(m_old, shift));
+      const auto corr = Exp2NonPositive(d, hn::Sub(m_old, shift));
       auto sum0 = hn::Zero(d), sum1 = hn::Zero(d), sum2 = hn::Zero(d), sum3 = hn::Zero(d);
       const auto weigh = [&](auto& sum, size_t j) {
         float* HWY_RESTRICT p = f.s_t + j * ldw + c;
-        const auto e = ExpNonPositive(d, hn::Sub(hn::LoadU(d, p), shift));
+        const auto e = Exp2NonPositive(d, hn::Sub(hn::LoadU(d, p), shift));
         hn::StoreU(e, d, p);
         sum = hn::Add(sum, e);
       };
@@ -318,7 +325,8 @@ inline void FlashAttentionRows(const AttnDims& a, const float* HWY_RESTRICT q,
 
 // Combines the partials of `splits` key ranges (in their order, so the result
 // does not depend on which thread ran which range) into rows [i0, i1):
-//   M = max_c m_c,  O = sum_c exp(m_c - M) acc_c / sum_c exp(m_c - M) l_c
+//   M = max_c m_c,  O = sum_c 2^(m_c - M) acc_c / sum_c 2^(m_c - M) l_c
+// (m in base 2, as the kernels carry the scores)
 // partials: [splits][i1 - i0][PartialFloats()].  A NaN m marks a NaN row.
 inline void MergeKeySplits(const AttnDims& a, const float* HWY_RESTRICT partials,
                            size_t splits, float* HWY_RESTRICT out, size_t b, size_t h,
@@ -341,7 +349,7 @@ inline void MergeKeySplits(const AttnDims& a, const float* HWY_RESTRICT partials
     for (size_t c = 0; c < splits; ++c) {
       const float* HWY_RESTRICT rec = partials + (c * rows + r) * stride;
       if (rec[L] == kNegInf) continue;
-      const float weight = std::exp(rec[L] - m_all);
+      const float weight = std::exp2(rec[L] - m_all);
       l_all += weight * rec[L + 1];
       AddScaled(weight, rec, L, o_r);
     }

@@ -835,6 +835,60 @@ TEST_P(Numerics, SoftmaxExponentialIsWithinTwoUlpDownToFltMin) {
               GetParam().c_str(), worst / ulp, worst_x);
 }
 
+// attention carries its scores in base 2 and exponentiates with
+// Exp2NonPositive (kernels/matmul-inl.h), documented as < 2 ulp relative
+// error on [-126, 0].  With scale = fl(ln 2) the kernel's base-2 scale
+// fl(scale log2(e)) is exactly 1, so it exponentiates the query value itself:
+// head_dim 2, K = {{0, 0}, {1, 0}}, V = I and a query row {x, 0} give scores
+// {0, x} and out = {1, 2^x} / (1 + 2^x), and out[1] / out[0] is the kernel's
+// 2^x up to one rounding in each normalization: <= 2 ulp + 2 half-ulps.
+// Run on the block path (all rows in one head) and on the dot path (one row
+// per batch entry, as in decode).
+TEST_P(Numerics, AttentionExponentialIsWithinTwoUlpDownToFltMin) {
+  constexpr int64_t kRows = 1 << 16;
+  const float ln2 = 0.6931471805599453f;
+  ASSERT_EQ(ln2 * 1.44269504088896341f, 1.0f) << "test setup: fl(fl(ln 2) log2(e)) == 1";
+  for (const bool dot_path : {false, true}) {
+    headsum_attn_shape shape{};
+    shape.batch = dot_path ? kRows : 1;
+    shape.heads = 1;
+    shape.seq_q = dot_path ? 1 : kRows;
+    shape.seq_kv = 2;
+    shape.head_dim = 2;
+    shape.scale = ln2;
+    std::vector<float> q(2 * kRows), k, v;
+    for (int64_t r = 0; r < kRows; ++r) {
+      q[2 * r] = -126.0f * float(r) / float(kRows - 1);  // 0 .. -126
+      q[2 * r + 1] = 0.0f;
+    }
+    const size_t kv_copies = dot_path ? size_t(kRows) : 1;
+    for (size_t c = 0; c < kv_copies; ++c) {
+      k.insert(k.end(), {0.0f, 0.0f, 1.0f, 0.0f});
+      v.insert(v.end(), {1.0f, 0.0f, 0.0f, 1.0f});
+    }
+    std::vector<float> out = Sentinels(2 * kRows);
+    ASSERT_EQ(headsum_attention(&shape, q.data(), k.data(), v.data(), out.data()), HEADSUM_OK)
+        << headsum_last_error();
+    double worst = 0;
+    float worst_x = 0;
+    for (int64_t r = 0; r < kRows; ++r) {
+      const double x = q[2 * r];
+      const double rel =
+          std::fabs(double(out[2 * r + 1]) / double(out[2 * r]) / std::exp2(x) - 1.0);
+      if (!(rel <= worst)) {
+        worst = rel;
+        worst_x = float(x);
+      }
+    }
+    const char* path = dot_path ? "dot path" : "block path";
+    const double ulp = std::ldexp(1.0, -23);
+    EXPECT_LE(worst, 3.0 * ulp) << path << ": worst relative error " << worst / ulp
+                                << " ulp at x = " << worst_x;
+    std::printf("[ EXP2     ] %s, %s: worst relative error of 2^x on [-126, 0]: %.2f ulp (x = %g)\n",
+                GetParam().c_str(), path, worst / ulp, worst_x);
+  }
+}
+
 HEADSUM_INSTANTIATE_FOR_COMPILED_TARGETS(Numerics);
 
 }  // namespace
