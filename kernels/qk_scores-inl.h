@@ -31,6 +31,8 @@ constexpr size_t kQkVecs = kPvVecs;
 // AVX2...).
 constexpr size_t kKeyChunk = 64;
 
+inline size_t RoundUpToVectors(size_t n, size_t N) { return (n + N - 1) / N * N; }
+
 // Floats of scratch QDotKRows needs.
 inline size_t QkScoresScratch(const AttnDims& a) { return a.head_dim * kKeyChunk; }
 
@@ -54,6 +56,22 @@ inline HWY_NOINLINE void ScoreTile(size_t rows, size_t cols, size_t L, const flo
                                hn::StoreU(acc, d, dst);
                              }
                            });
+}
+
+// The last n < N columns of a panel as one vector: k_t is zero-padded to a
+// whole vector, the n real lanes are stored.  One pass over L instead of one
+// per column.
+inline HWY_NOINLINE void ScoreTileTail(size_t rows, size_t n, size_t L,
+                                       const float* HWY_RESTRICT q,
+                                       const float* HWY_RESTRICT k_t, size_t ldk,
+                                       float* HWY_RESTRICT out, size_t ldo) {
+  const size_t N = hn::Lanes(hn::ScalableTag<float>());
+  MatMul<kQkRows, 1>(rows, N, L, q, L, k_t, ldk, [&](auto d, size_t r, size_t c, auto acc) {
+    HWY_ALIGN float lanes[HWY_MAX_BYTES / sizeof(float)];
+    hn::Store(acc, d, lanes);
+    float* HWY_RESTRICT dst = out + r * ldo + c;
+    for (size_t i = 0; i < n; ++i) dst[i] = lanes[i];
+  });
 }
 
 // Scores of query rows [i0, i1) of head (b, h).  scratch: QkScoresScratch().
@@ -82,10 +100,16 @@ inline void QDotKRows(const AttnDims& a, const float* HWY_RESTRICT q,
 
   for (size_t j0 = 0; j0 < keys_needed; j0 += kKeyChunk) {
     const size_t nj = keys_needed - j0 < kKeyChunk ? keys_needed - j0 : kKeyChunk;
-    // Panel p of the chunk: keys j0 + p .. j0 + p + width - 1, at scratch + p L.
+    // Panel p of the chunk: keys j0 + p .. j0 + p + width - 1, at scratch + p L,
+    // rows of RoundUp(width, N) floats (zeros past the last key).
     for (size_t p = 0; p < nj; p += P) {
       const size_t width = nj - p < P ? nj - p : P;
-      TransposeScaled(k_g + (j0 + p) * L, width, L, L, scale, scratch + p * L, width);
+      const size_t padded = RoundUpToVectors(width, N);
+      float* HWY_RESTRICT panel = scratch + p * L;
+      TransposeScaled(k_g + (j0 + p) * L, width, L, L, scale, panel, padded);
+      for (size_t l = 0; l < L && padded > width; ++l) {
+        Fill(panel + l * padded + width, padded - width, 0.0f);
+      }
     }
     for (size_t r0 = i0; r0 < i1; r0 += kQkRows) {
       const size_t rows = i1 - r0 < kQkRows ? i1 - r0 : kQkRows;
@@ -95,10 +119,15 @@ inline void QDotKRows(const AttnDims& a, const float* HWY_RESTRICT q,
         const size_t width = nj - p < P ? nj - p : P;
         // On the causal diagonal, whole vectors: the few masked scores this
         // computes are overwritten with -inf below.
-        const size_t needed = (visible - key0 + N - 1) / N * N;
+        const size_t needed = RoundUpToVectors(visible - key0, N);
         const size_t cols = needed < width ? needed : width;
-        score_tile(rows, cols, L, q_h + r0 * L, scratch + p * L, width, s_h + r0 * Skv + key0,
-                   Skv);
+        const size_t full = cols / N * N, ldk = RoundUpToVectors(width, N);
+        const float* HWY_RESTRICT panel = scratch + p * L;
+        float* HWY_RESTRICT out = s_h + r0 * Skv + key0;
+        if (full > 0) score_tile(rows, full, L, q_h + r0 * L, panel, ldk, out, Skv);
+        if (cols > full) {
+          ScoreTileTail(rows, cols - full, L, q_h + r0 * L, panel + full, ldk, out + full, Skv);
+        }
       }
     }
   }
