@@ -107,12 +107,18 @@ headsum_status Attention(const AttnDims& a, const float* q, const float* k, cons
   hwy::AlignedFreeUniquePtr<float[]> partials =
       AllocateFloats(a.batch * a.heads * splits * per_split);
   if (!partials) return HEADSUM_ERR_OUT_OF_MEMORY;
-  const size_t heads = a.batch * a.heads;
+  // Items run kv head by kv head, split by split, and the query heads that
+  // share a kv head (GQA, MQA) next to each other: a split's keys and values
+  // come from L3 once and from L2 for the other heads of the group.
+  const size_t heads = a.batch * a.heads, group = a.group();
   if (headsum_status s = ParallelItems(heads * splits, scratch, [&](size_t item, float* scratch) {
-        const size_t bh = item / splits, c = item % splits;
+        const size_t in_group = item % group, c = (item / group) % splits;
+        const size_t bg = item / (group * splits);  // b * kv_heads + g
+        const size_t b = bg / a.kv_heads, h = (bg % a.kv_heads) * group + in_group;
+        const size_t bh = b * a.heads + h;
         const size_t key_end = HWY_MIN((c + 1) * kKeySplit, a.seq_kv);
-        kernel(a, q, k, v, out, bh / a.heads, bh % a.heads, 0, a.seq_q, c * kKeySplit, key_end,
-               partials.get() + item * per_split, scratch);
+        kernel(a, q, k, v, out, b, h, 0, a.seq_q, c * kKeySplit, key_end,
+               partials.get() + (bh * splits + c) * per_split, scratch);
       })) {
     return s;
   }

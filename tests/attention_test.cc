@@ -216,13 +216,15 @@ TEST_P(Attention, LargeScoresStayWithinBound) {
 
 // A few query rows (the dot-product path) over more keys than the sweep has:
 // several key tiles within a work item (rescaled partial sums), keys split
-// across work items (Skv >= 1024), head dims that leave a vector and a lane
+// across work items (Skv >= 1024; with GQA and MQA, batch 2, where the
+// items run kv head by kv head), head dims that leave a vector and a lane
 // tail.  Magnitude 2 makes the later tiles' maxima move far.
 std::vector<MhaShape> FewRowsManyKeysShapes() {
   return {
       MhaShape{1, 2, 1, 1, 700, 65, 17, false},   MhaShape{2, 4, 2, 3, 1000, 17, 33, true},
       MhaShape{1, 3, 0, 2, 1600, 64, 96, false},  MhaShape{1, 1, 1, 1, 513, 1, 1, false},
-      MhaShape{1, 2, 2, 3, 1100, 80, 160, true},
+      MhaShape{1, 2, 2, 3, 1100, 80, 160, true},  MhaShape{2, 8, 2, 1, 1100, 64, 64, true},
+      MhaShape{2, 4, 1, 2, 2000, 17, 33, false},
   };
 }
 
