@@ -17,6 +17,9 @@ inline constexpr int64_t kSeqLens[] = {20, 128, 512, 2048};
 // A decode step: one query against a long KV cache.
 inline constexpr int64_t kDecodeSeqQ = 1;
 inline constexpr int64_t kDecodeSeqKv = 4096;
+// The decode step again with grouped-query attention: 4 query heads per
+// kv head (H = 8, Hkv = 2).
+inline constexpr int64_t kDecodeGqaKvHeads = 2;
 
 inline constexpr int kThreadCounts[] = {1, 2};
 

@@ -409,6 +409,11 @@ void RegisterAll() {
       for (const int threads : kThreadCounts) {
         RegisterAttnPair(kernel, AttnShape(kDecodeSeqQ, kDecodeSeqKv, true), threads);
       }
+      for (const int threads : kThreadCounts) {
+        headsum_attn_shape gqa = AttnShape(kDecodeSeqQ, kDecodeSeqKv, true);
+        gqa.kv_heads = kDecodeGqaKvHeads;
+        RegisterAttnPair(kernel, gqa, threads);
+      }
     }
   }
   for (const int64_t seq : kSeqLens) {

@@ -198,7 +198,15 @@ def common_params(pairs: list[Pair]) -> dict[str, int]:
     }
 
 
+def drop_mha_kv_heads(params: dict[str, int]) -> dict[str, int]:
+    """Hkv only where it differs from H (GQA, MQA): Hkv = H is the default."""
+    if params.get("Hkv") is not None and params.get("Hkv") == params.get("H"):
+        return {k: v for k, v in params.items() if k != "Hkv"}
+    return params
+
+
 def shape_text(params: dict[str, int], common: dict[str, int]) -> str:
+    params = drop_mha_kv_heads(params)
     rest = {k: v for k, v in params.items() if k not in common and k != "threads"}
     causal = rest.pop("causal", None)
     if "Sq" in rest and rest.get("Sq") == rest.get("Skv"):
@@ -215,6 +223,7 @@ def fmt(value: float, digits: int = 1) -> str:
 
 def table_lines(pairs: list[Pair], markdown: bool) -> list[str]:
     common = common_params(pairs)
+    mha_default = "Hkv" not in common and any("Hkv" in p.params for p in pairs)
     header = [
         "kernel",
         "shape",
@@ -246,7 +255,11 @@ def table_lines(pairs: list[Pair], markdown: bool) -> list[str]:
     numeric = [False, False] + [True] * (len(header) - 2)
     lines = []
     if common:
-        lines.append("shapes: " + " ".join(f"{k}={v}" for k, v in common.items()))
+        lines.append(
+            "shapes: "
+            + " ".join(f"{k}={v}" for k, v in common.items())
+            + (" (Hkv = H unless shown)" if mha_default else "")
+        )
         lines.append("")
     if markdown:
         lines.append("| " + " | ".join(header) + " |")
