@@ -88,6 +88,17 @@ constexpr size_t kKeySplit = 512;
 
 headsum_status Attention(const AttnDims& a, const float* q, const float* k, const float* v,
                          float* out) {
+  // A decode step (Sq = 1) of grouped heads: the query rows of the heads that
+  // share a kv head are adjacent in Q and O ([B][H][1][L]), so each group is
+  // one head of `group` rows over its keys, all of which every row sees.
+  // Each K/V row is then read once per group, not once per query head.
+  if (a.seq_q == 1 && a.group() > 1) {
+    AttnDims grouped = a;
+    grouped.heads = a.kv_heads;
+    grouped.seq_q = a.group();
+    grouped.causal = false;
+    return Attention(grouped, q, k, v, out);
+  }
   const size_t t = TableIndex(ActiveTarget());
   const auto kernel = HWY_DISPATCH_TABLE(FlashAttentionRows)[t];
   const size_t scratch = HWY_DISPATCH_TABLE(AttentionScratch)[t](a);

@@ -64,11 +64,13 @@ struct FlashScratch {
   float* corr;    // [ldw] exp(m - m') of the last tile
   float* bad;     // [ldw] nonzero once a NaN or +inf score was seen
   float* s_row;   // [kDotKeyTile] the dot path's scores
+  float* k_t;     // [L][kKeyTile] scale log2(e) K^T of a tile (keys-in-lanes path)
 };
 
 inline size_t AttentionScratch(const AttnDims& a) {
   const size_t ldw = QueryColumns(kQueryBlock);
-  return ldw * a.head_dim + kKeyTile * ldw + kQueryBlock * a.head_dim + 4 * ldw + kDotKeyTile;
+  return ldw * a.head_dim + kKeyTile * ldw + kQueryBlock * a.head_dim + 4 * ldw + kDotKeyTile +
+         a.head_dim * kKeyTile;
 }
 
 inline FlashScratch CarveFlashScratch(const AttnDims& a, float* scratch) {
@@ -82,6 +84,7 @@ inline FlashScratch CarveFlashScratch(const AttnDims& a, float* scratch) {
   f.corr = f.l + f.ldw;
   f.bad = f.corr + f.ldw;
   f.s_row = f.bad + f.ldw;
+  f.k_t = f.s_row + kDotKeyTile;
   return f;
 }
 
@@ -204,6 +207,53 @@ inline void FlashAttentionRowByDot(const AttnDims& a, const float* HWY_RESTRICT 
   }
 }
 
+// Query rows [i0, i0 + rows) over keys [key_begin, key_end) when they are
+// too few to fill the lanes (grouped query heads of a decode step, a short
+// prefill): the keys run along the lanes instead.  Per key tile, K^T is
+// packed with the scale folded in, S = Q K^T comes out row-major, the online
+// softmax runs along each row, and P V is the register-tiled product that
+// reads each value row once per tile for all the rows.  Rows of S are
+// kKeyTile apart, in s_t.
+inline void FlashAttentionRowsByKeys(const AttnDims& a, const float* HWY_RESTRICT q_blk,
+                                     const float* HWY_RESTRICT k_g,
+                                     const float* HWY_RESTRICT v_g, size_t i0, size_t rows,
+                                     size_t key_begin, size_t key_end, const FlashScratch& f) {
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  const size_t L = a.head_dim, ld = kKeyTile;
+  const size_t N = hn::Lanes(hn::ScalableTag<float>());
+  const float scale2 = Base2Scale(a);
+  const size_t last_visible = a.visible_keys(i0 + rows - 1);
+  const size_t keys_needed = last_visible < key_end ? last_visible : key_end;
+  size_t keys[kQueryBlock];
+  for (size_t j0 = key_begin; j0 < keys_needed; j0 += kKeyTile) {
+    const size_t nj = keys_needed - j0 < kKeyTile ? keys_needed - j0 : kKeyTile;
+    const size_t cols = (nj + N - 1) / N * N;  // whole vectors; K^T is zero past nj
+    TransposeScaled(k_g + j0 * L, nj, L, L, scale2, f.k_t, ld);
+    for (size_t l = 0; l < L && cols > nj; ++l) Fill(f.k_t + l * ld + nj, cols - nj, 0.0f);
+    // S[r][j] = (scale log2(e) K[j0 + j]) . Q[i0 + r]
+    MatMul(rows, cols, L, q_blk, L, f.k_t, ld, [&](auto d, size_t r, size_t c, auto acc) {
+      hn::StoreU(acc, d, f.s_t + r * ld + c);
+    });
+    for (size_t r = 0; r < rows; ++r) {
+      const size_t visible = a.visible_keys(i0 + r);
+      keys[r] = visible <= j0 ? 0 : (visible - j0 < nj ? visible - j0 : nj);
+      float* HWY_RESTRICT s_r = f.s_t + r * ld;
+      const float tile_max = RowMax(s_r, keys[r]);  // -inf for no key
+      if (!(tile_max < -kNegInf)) f.bad[r] = 1.0f;   // NaN or +inf
+      const float m_new = HWY_MAX(f.m[r], tile_max);
+      // Rows that have seen nothing finite shift by 0: 2^(-inf - 0) = 0.
+      const float shift = m_new == kNegInf ? 0.0f : m_new;
+      const float corr = f.m[r] == kNegInf ? 0.0f : std::exp2(f.m[r] - shift);
+      const float sum = ExpShiftedRow</*kBase2=*/true>(s_r, keys[r], shift, s_r);
+      f.l[r] = f.l[r] * corr + sum;
+      f.m[r] = m_new;
+      if (corr != 1.0f) ScaleRow(f.acc + r * L, L, corr);
+    }
+    // acc[r] += sum_{j < keys[r]} P[r][j] V[j0 + j]
+    WeightedSumRagged(rows, L, f.s_t, ld, 1, keys, v_g + j0 * L, f.acc, L, /*accumulate=*/true);
+  }
+}
+
 // Query rows [i0, i1) of head (b, h), i1 - i0 <= kQueryBlock, over keys
 // [key_begin, key_end).  With partial == nullptr the rows are final and go
 // to out; otherwise each row's (acc[L], m, l) goes to partial[r] for
@@ -228,6 +278,14 @@ inline void FlashAttentionRows(const AttnDims& a, const float* HWY_RESTRICT q,
   Fill(f.l, cols, 0.0f);
   Fill(f.bad, cols, 0.0f);
 
+  const size_t lanes = hn::Lanes(hn::ScalableTag<float>());
+  // Keys in the lanes where a block of query lanes would be half padding;
+  // below 4 rows the K^T packing costs more than the dot products it saves.
+  if (rows > kDotRows && 2 * rows <= lanes) {
+    FlashAttentionRowsByKeys(a, q_blk, k_g, v_g, i0, rows, key_begin, key_end, f);
+    FinishRows(rows, L, f.acc, f.m, f.l, f.bad, o_blk, partial);
+    return;
+  }
   if (rows <= kDotRows) {
     for (size_t r = 0; r < rows; ++r) {
       FlashAttentionRowByDot(a, q_blk + r * L, k_g, v_g, a.visible_keys(i0 + r), key_begin,

@@ -214,7 +214,8 @@ TEST_P(Attention, LargeScoresStayWithinBound) {
   });
 }
 
-// A few query rows (the dot-product path) over more keys than the sweep has:
+// A few query rows (the dot-product path; 4-8 rows with the keys in the
+// lanes, causal diagonal included) over more keys than the sweep has:
 // several key tiles within a work item (rescaled partial sums), keys split
 // across work items (Skv >= 1024; with GQA and MQA, batch 2, where the
 // items run kv head by kv head), head dims that leave a vector and a lane
@@ -224,7 +225,8 @@ std::vector<MhaShape> FewRowsManyKeysShapes() {
       MhaShape{1, 2, 1, 1, 700, 65, 17, false},   MhaShape{2, 4, 2, 3, 1000, 17, 33, true},
       MhaShape{1, 3, 0, 2, 1600, 64, 96, false},  MhaShape{1, 1, 1, 1, 513, 1, 1, false},
       MhaShape{1, 2, 2, 3, 1100, 80, 160, true},  MhaShape{2, 8, 2, 1, 1100, 64, 64, true},
-      MhaShape{2, 4, 1, 2, 2000, 17, 33, false},
+      MhaShape{2, 4, 1, 2, 2000, 17, 33, false}, MhaShape{1, 2, 2, 4, 300, 17, 33, true},
+      MhaShape{1, 3, 1, 5, 700, 64, 20, true},    MhaShape{2, 2, 0, 8, 1030, 65, 7, true},
   };
 }
 
