@@ -14,8 +14,10 @@
 // of each key tile: K is read in place as the broadcast operand (no K^T
 // packing per tile), queries run along the vector lanes, so the max, the
 // exponentials and the denominators of all rows are vector operations down
-// the keys, and P V reads P^T with a column stride.  A few query rows (a
-// decode step) use dot products instead, one row at a time.
+// the keys, and P V reads P^T with a column stride.  Up to 3 query rows (a
+// decode step) use dot products instead, one row at a time; 4 to N/2 rows
+// (grouped heads of a decode step, short prefills) run with the keys along
+// the lanes (FlashAttentionRowsByKeys).
 
 #if defined(HEADSUM_KERNELS_ATTENTION_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef HEADSUM_KERNELS_ATTENTION_INL_H_
@@ -51,7 +53,7 @@ constexpr size_t kDotKeyTile = 512;
 inline size_t QueryColumns(size_t rows) {
   const hn::ScalableTag<float> d;
   const size_t N = hn::Lanes(d);
-  return (rows + N - 1) / N * N;
+  return RoundUpToVectors(rows, N);
 }
 
 struct FlashScratch {
@@ -61,7 +63,7 @@ struct FlashScratch {
   float* acc;     // [kQueryBlock][L]
   float* m;       // [ldw] running max
   float* l;       // [ldw] running denominator
-  float* corr;    // [ldw] exp(m - m') of the last tile
+  float* corr;    // [ldw] 2^(m - m') of the last tile
   float* bad;     // [ldw] nonzero once a NaN or +inf score was seen
   float* s_row;   // [kDotKeyTile] the dot path's scores
   float* k_t;     // [L][kKeyTile] scale log2(e) K^T of a tile (keys-in-lanes path)
@@ -227,9 +229,8 @@ inline void FlashAttentionRowsByKeys(const AttnDims& a, const float* HWY_RESTRIC
   size_t keys[kQueryBlock];
   for (size_t j0 = key_begin; j0 < keys_needed; j0 += kKeyTile) {
     const size_t nj = keys_needed - j0 < kKeyTile ? keys_needed - j0 : kKeyTile;
-    const size_t cols = (nj + N - 1) / N * N;  // whole vectors; K^T is zero past nj
-    TransposeScaled(k_g + j0 * L, nj, L, L, scale2, f.k_t, ld);
-    for (size_t l = 0; l < L && cols > nj; ++l) Fill(f.k_t + l * ld + nj, cols - nj, 0.0f);
+    const size_t cols = RoundUpToVectors(nj, N);  // whole vectors; K^T is zero past nj
+    TransposeScaledPadded(k_g + j0 * L, nj, L, L, scale2, f.k_t, ld, cols);
     // S[r][j] = (scale log2(e) K[j0 + j]) . Q[i0 + r]
     MatMul(rows, cols, L, q_blk, L, f.k_t, ld, [&](auto d, size_t r, size_t c, auto acc) {
       hn::StoreU(acc, d, f.s_t + r * ld + c);

@@ -226,6 +226,9 @@ HWY_INLINE void MatMul(size_t rows, size_t cols, size_t K, const float* HWY_REST
 // ---------------------------------------------------------------------------
 // Row helpers.  All handle any length: full vectors, then single lanes.
 
+// n rounded up to a whole number of N-lane vectors.
+inline size_t RoundUpToVectors(size_t n, size_t N) { return (n + N - 1) / N * N; }
+
 // Calls f(d, i) for i = 0, N, 2N... with full vectors, then single lanes.
 template <class F>
 HWY_INLINE void ForEachVector(size_t n, const F& f) {
@@ -505,6 +508,17 @@ HWY_INLINE void TransposeScaled(const float* HWY_RESTRICT src, size_t rows, size
 #endif
   for (; i < rows; ++i) {
     for (size_t j = 0; j < cols; ++j) dst[j * ldd + i] = scale * src[i * lds + j];
+  }
+}
+
+// TransposeScaled, then columns [rows, padded) of every dst row set to 0:
+// K^T for a register tile that reads whole vectors past the last key.
+HWY_INLINE void TransposeScaledPadded(const float* HWY_RESTRICT src, size_t rows, size_t cols,
+                                      size_t lds, float scale, float* HWY_RESTRICT dst,
+                                      size_t ldd, size_t padded) {
+  TransposeScaled(src, rows, cols, lds, scale, dst, ldd);
+  for (size_t j = 0; j < cols && padded > rows; ++j) {
+    Fill(dst + j * ldd + rows, padded - rows, 0.0f);
   }
 }
 

@@ -31,8 +31,6 @@ constexpr size_t kQkVecs = kPvVecs;
 // AVX2...).
 constexpr size_t kKeyChunk = 64;
 
-inline size_t RoundUpToVectors(size_t n, size_t N) { return (n + N - 1) / N * N; }
-
 // Floats of scratch QDotKRows needs.
 inline size_t QkScoresScratch(const AttnDims& a) { return a.head_dim * kKeyChunk; }
 
@@ -105,11 +103,8 @@ inline void QDotKRows(const AttnDims& a, const float* HWY_RESTRICT q,
     for (size_t p = 0; p < nj; p += P) {
       const size_t width = nj - p < P ? nj - p : P;
       const size_t padded = RoundUpToVectors(width, N);
-      float* HWY_RESTRICT panel = scratch + p * L;
-      TransposeScaled(k_g + (j0 + p) * L, width, L, L, scale, panel, padded);
-      for (size_t l = 0; l < L && padded > width; ++l) {
-        Fill(panel + l * padded + width, padded - width, 0.0f);
-      }
+      TransposeScaledPadded(k_g + (j0 + p) * L, width, L, L, scale, scratch + p * L, padded,
+                            padded);
     }
     for (size_t r0 = i0; r0 < i1; r0 += kQkRows) {
       const size_t rows = i1 - r0 < kQkRows ? i1 - r0 : kQkRows;
