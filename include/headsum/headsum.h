@@ -153,6 +153,87 @@ headsum_status headsum_head_contribution_norms(const headsum_proj_shape* shape,
                                                const float* heads, const float* wo,
                                                float* out);
 
+/* ---------------------------------------------------------------------------
+ * Tensors: dtypes and strides (for engines).
+ *
+ * Engines keep Q/K/V token-major, fuse Q, K and V in one buffer, keep a KV
+ * cache with room for more tokens than it holds, and store K, V and weights
+ * in 16-bit floats.  These calls take such memory as it is, with no copy:
+ * half inputs are widened exactly to f32 inside the kernels' tiles, the
+ * arithmetic is f32, and a 16-bit output is the f32 result rounded once to
+ * nearest even.
+ *
+ * A view is indexed [b][h][s][l]: element (b, h, s, l) is at
+ *   (element*)data + b*strides[0] + h*strides[1] + s*strides[2] + l
+ * (strides in elements of dtype, l contiguous).  A stride of 0 is valid on
+ * inputs (one K shared by the batch) and on an output index of extent 1.
+ * A KV cache holding `cap` positions is K with strides {Hkv*cap*L, cap*L, L}
+ * and shape.seq_kv filled; the positions past seq_kv are never read.  The
+ * fused QKV buffer [B][S][3][H][L] is three views of one pointer.
+ *
+ * Invalid (HEADSUM_ERR_INVALID_ARGUMENT, the message names the tensor and the
+ * rule): a NULL tensor or data; an unknown dtype; a negative stride; data
+ * not aligned to its element size; an output view in which two indices
+ * reach the same element; an output whose byte range [lowest, highest]
+ * meets an input's; address arithmetic that overflows. */
+typedef enum { HEADSUM_F32 = 0, HEADSUM_F16 = 1, HEADSUM_BF16 = 2 } headsum_dtype;
+
+typedef struct {
+  void* data;
+  headsum_dtype dtype;
+  int64_t strides[3]; /* b, h, s; in elements of dtype */
+} headsum_tensor;
+
+/* Contiguous [B][H][S][L]: strides {H*S*L, S*L, L}. */
+static inline headsum_tensor headsum_bhsd(void* data, headsum_dtype dtype, int64_t heads,
+                                          int64_t seq, int64_t dim) {
+  headsum_tensor t;
+  t.data = data;
+  t.dtype = dtype;
+  t.strides[0] = heads * seq * dim;
+  t.strides[1] = seq * dim;
+  t.strides[2] = dim;
+  return t;
+}
+/* Token-major [B][S][H][L]: strides {S*H*L, L, H*L}. */
+static inline headsum_tensor headsum_bshd(void* data, headsum_dtype dtype, int64_t heads,
+                                          int64_t seq, int64_t dim) {
+  headsum_tensor t;
+  t.data = data;
+  t.dtype = dtype;
+  t.strides[0] = seq * heads * dim;
+  t.strides[1] = dim;
+  t.strides[2] = heads * dim;
+  return t;
+}
+
+/* headsum_attention on views: q [B][H][Sq][L], k and v [B][Hkv][Skv][L],
+ * out [B][H][Sq][L]; each tensor any dtype. */
+headsum_status headsum_attention_tensors(const headsum_attn_shape* shape,
+                                         const headsum_tensor* q, const headsum_tensor* k,
+                                         const headsum_tensor* v, const headsum_tensor* out);
+/* headsum_project_heads_sum on views.  heads: O [B][H][S][L]; wo: rows of
+ * [H*L][D], row r at data + r*strides[2] (strides[0], strides[1] unused);
+ * y: [B][S][D], (b, s, c) at b*strides[0] + s*strides[2] + c (strides[1]
+ * unused); bias f32 [D] or NULL. */
+headsum_status headsum_project_heads_sum_tensors(const headsum_proj_shape* shape,
+                                                 const headsum_tensor* heads,
+                                                 const headsum_tensor* wo, const float* bias,
+                                                 const headsum_tensor* y);
+/* Wo packed once in its own dtype (f16/bf16 packs stay 16-bit). */
+headsum_status headsum_wo_pack_tensor(const headsum_proj_shape* shape,
+                                      const headsum_tensor* wo, headsum_wo_packed** packed);
+headsum_status headsum_project_heads_sum_packed_tensors(const headsum_proj_shape* shape,
+                                                        const headsum_tensor* heads,
+                                                        const headsum_wo_packed* wo,
+                                                        const float* bias,
+                                                        const headsum_tensor* y);
+/* dst = src converted to dst's dtype over dims [nb][nh][ns][nl]: round to
+ * nearest even, NaN stays NaN, beyond f16's range gives inf, -0 keeps its
+ * sign.  Writing new tokens into a 16-bit KV cache is one call. */
+headsum_status headsum_convert(const int64_t dims[4], const headsum_tensor* src,
+                               const headsum_tensor* dst);
+
 #ifdef __cplusplus
 }  /* extern "C" */
 #endif
