@@ -55,6 +55,40 @@ inline size_t WoPanels(size_t model_dim) {
   return (model_dim + kWoPanelCols - 1) / kWoPanelCols;
 }
 
+// Element types of the tensor API (headsum_dtype's values).
+enum class DType : int { kF32 = 0, kF16 = 1, kBF16 = 2 };
+inline size_t DTypeBytes(DType t) { return t == DType::kF32 ? 4 : 2; }
+
+// A validated strided view (headsum_tensor): element (b, h, s, l) at
+// data + (b*sb + h*sh + s*ss + l) elements of `dtype`.
+struct TensorView {
+  void* data = nullptr;
+  DType dtype = DType::kF32;
+  size_t sb = 0, sh = 0, ss = 0;
+  // Byte address of element (b, h, s, 0).
+  char* Row(size_t b, size_t h, size_t s) const {
+    return static_cast<char*>(data) + (b * sb + h * sh + s * ss) * DTypeBytes(dtype);
+  }
+  bool IsF32() const { return dtype == DType::kF32; }
+};
+
+// The operands of attention on views: q [B][H][Sq][L], k and v
+// [B][Hkv][Skv][L], out [B][H][Sq][L].
+struct AttnViews {
+  TensorView q, k, v, out;
+};
+
+// Contiguous f32 [B][H][S][L] as a view.
+inline TensorView ContiguousF32(const float* data, size_t heads, size_t seq, size_t dim) {
+  TensorView t;
+  t.data = const_cast<float*>(data);
+  t.dtype = DType::kF32;
+  t.sb = heads * seq * dim;
+  t.sh = seq * dim;
+  t.ss = dim;
+  return t;
+}
+
 // Query rows of one fused-attention work item: the dispatcher splits by it
 // and the kernel sizes its scratch by it.  Enough rows to reuse each packed
 // K^T tile many times.
