@@ -511,6 +511,18 @@ void headsum_kv_cache_reset(headsum_kv_cache* cache) {
   if (cache != nullptr) cache->length = 0;
 }
 
+headsum_status headsum_kv_cache_truncate(headsum_kv_cache* cache, int64_t length) {
+  static const char* fn = "headsum_kv_cache_truncate";
+  HEADSUM_CHECK(CheckPointer(fn, "cache", cache));
+  if (length < 0 || length > cache->length) {
+    return Fail(HEADSUM_ERR_INVALID_ARGUMENT, fn,
+                "length = %" PRId64 " must be in [0, %" PRId64 "], the tokens the cache holds",
+                length, cache->length);
+  }
+  cache->length = length;
+  return HEADSUM_OK;
+}
+
 void headsum_kv_cache_free(headsum_kv_cache* cache) { delete cache; }
 
 headsum_status headsum_mha_forward(const headsum_mha* mha, headsum_kv_cache* cache,

@@ -446,6 +446,25 @@ TEST(LayerCacheLimits, ResetGivesWhatANewCacheGives) {
     EXPECT_TRUE(BitwiseEqual(y_used, y_fresh, LayerYLayout(B, len, Dm)));
   }
   EXPECT_EQ(headsum_kv_cache_length(used.cache), T);
+  // Truncating to 5 and redoing the last tokens gives them again, bitwise.
+  ASSERT_EQ(headsum_kv_cache_truncate(used.cache, 5), HEADSUM_OK);
+  EXPECT_EQ(headsum_kv_cache_length(used.cache), 5);
+  {
+    const std::vector<float> x = Tokens(in.x, B, T, Dm, 5, T);
+    std::vector<float> y_again(x.size()), y_first(x.size());
+    ASSERT_EQ(headsum_mha_forward(layer.mha, used.cache, B, T - 5, x.data(), y_again.data()),
+              HEADSUM_OK);
+    ASSERT_EQ(headsum_kv_cache_truncate(fresh.cache, 5), HEADSUM_OK);
+    ASSERT_EQ(headsum_mha_forward(layer.mha, fresh.cache, B, T - 5, x.data(), y_first.data()),
+              HEADSUM_OK);
+    EXPECT_TRUE(BitwiseEqual(y_again, y_first, LayerYLayout(B, T - 5, Dm)));
+  }
+  EXPECT_EQ(headsum_kv_cache_truncate(used.cache, T + 1), HEADSUM_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(headsum_last_error()).find("length = " + std::to_string(T + 1)),
+            std::string::npos);
+  EXPECT_EQ(headsum_kv_cache_truncate(used.cache, -1), HEADSUM_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(headsum_kv_cache_truncate(nullptr, 0), HEADSUM_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(headsum_kv_cache_length(used.cache), T);
   headsum_kv_cache_reset(nullptr);  // valid, does nothing
   EXPECT_EQ(headsum_kv_cache_length(nullptr), 0);
 }

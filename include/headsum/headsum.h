@@ -284,6 +284,9 @@ headsum_status headsum_kv_cache_create(const headsum_mha* mha, int64_t batch,
                                        int64_t capacity, headsum_kv_cache** cache);
 int64_t headsum_kv_cache_length(const headsum_kv_cache* cache); /* tokens held; 0 for NULL */
 void headsum_kv_cache_reset(headsum_kv_cache* cache);           /* holds 0 tokens again */
+/* Keeps the first `length` tokens (0 <= length <= the tokens held) and drops
+ * the rest: a rejected speculative draft, a rewound prompt. */
+headsum_status headsum_kv_cache_truncate(headsum_kv_cache* cache, int64_t length);
 void headsum_kv_cache_free(headsum_kv_cache* cache);
 
 /* y [B][S][Dm] from x [B][S][Dm] (y may be x).  With a cache: the S tokens
