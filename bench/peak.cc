@@ -48,6 +48,29 @@ double FmaChains(size_t reps, float* sink) {
 
 const char* TargetOfProbe() { return hwy::TargetName(HWY_TARGET); }
 
+// Read-bandwidth probe: the sum of n floats from a 64-byte aligned p (n a
+// multiple of 8 vectors), 8 independent accumulators so that the adds never
+// wait on each other; the loads are the only limit.
+float SumFloats(const float* HWY_RESTRICT p, size_t n) {
+  const hn::ScalableTag<float> d;
+  const size_t N = hn::Lanes(d);
+  auto s0 = hn::Zero(d), s1 = hn::Zero(d), s2 = hn::Zero(d), s3 = hn::Zero(d);
+  auto s4 = hn::Zero(d), s5 = hn::Zero(d), s6 = hn::Zero(d), s7 = hn::Zero(d);
+  for (size_t i = 0; i + 8 * N <= n; i += 8 * N) {
+    s0 = hn::Add(s0, hn::Load(d, p + i));
+    s1 = hn::Add(s1, hn::Load(d, p + i + N));
+    s2 = hn::Add(s2, hn::Load(d, p + i + 2 * N));
+    s3 = hn::Add(s3, hn::Load(d, p + i + 3 * N));
+    s4 = hn::Add(s4, hn::Load(d, p + i + 4 * N));
+    s5 = hn::Add(s5, hn::Load(d, p + i + 5 * N));
+    s6 = hn::Add(s6, hn::Load(d, p + i + 6 * N));
+    s7 = hn::Add(s7, hn::Load(d, p + i + 7 * N));
+  }
+  const auto sum = hn::Add(hn::Add(hn::Add(s0, s1), hn::Add(s2, s3)),
+                           hn::Add(hn::Add(s4, s5), hn::Add(s6, s7)));
+  return hn::GetLane(hn::SumOfLanes(d, sum));
+}
+
 // NOLINTNEXTLINE(google-readability-namespace-comments)
 }  // namespace HWY_NAMESPACE
 }  // namespace bench
@@ -66,6 +89,9 @@ namespace bench {
 
 HWY_EXPORT(FmaChains);
 HWY_EXPORT(TargetOfProbe);
+HWY_EXPORT(SumFloats);
+
+float SumFloats(const float* p, size_t n) { return HWY_DYNAMIC_DISPATCH(SumFloats)(p, n); }
 
 Peak MeasureSingleCorePeak() {
   float sink = 0.0f;
