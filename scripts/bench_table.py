@@ -248,7 +248,25 @@ def pair_rows(rows: list[Row]) -> list[Pair]:
             for (impl, bind, off), row in base.rows.items():
                 if impl == ONEDNN:
                     p.rows.setdefault((impl, bind, off), row)
-    return list(pairs.values())
+    return sorted(pairs.values(), key=pair_order)
+
+
+KERNEL_ORDER = ("qk_scores", "softmax_v", "attention", "project_heads_sum")
+
+
+def pair_order(p: Pair) -> tuple:
+    """The registration order, whatever order the rows ran in (random with
+    --interleave): kernel; prefill by S then causal, then decode steps, then
+    the tiny calls; threads; the packed projection after the plain one."""
+    base = p.kernel[: -len(PACKED_SUFFIX)] if p.kernel.endswith(PACKED_SUFFIX) else p.kernel
+    rank = KERNEL_ORDER.index(base) if base in KERNEL_ORDER else len(KERNEL_ORDER)
+    params = p.params
+    seq = params.get("S", params.get("Sq", 0))
+    tiny = is_tiny(params)
+    decode = is_decode(params)
+    return (rank, base, tiny, decode, params.get("H", 0), -params.get("Hkv", 0),
+            params.get("Skv", seq), seq, params.get("causal", 0), params.get("threads", 1),
+            p.kernel != base)
 
 
 # --------------------------------------------------------------------------
