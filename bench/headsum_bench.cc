@@ -441,50 +441,52 @@ void RegisterProjTriple(const headsum_proj_shape& shape, int threads) {
 
 // The same kernels forced onto lower targets: no target may stay a naive
 // loop.  BM_<kernel>/at_<TARGET>/..., pct_peak against that target's own
-// measured peak (its context key peak_gflops_<TARGET>).  Aligned buffers.
+// measured peak (its context key peak_gflops_<TARGET>).  Both offsets.
 void RegisterLowerTargets() {
   static const char* const kTargets[] = {"AVX2", "SSE4"};
   for (const char* target : kTargets) {
     const double peak = MeasureTargetPeak(target);
     if (peak <= 0) continue;
     benchmark::AddCustomContext(std::string("peak_gflops_") + target, std::to_string(peak));
-    for (const AttnKernel& kernel : kAttnKernels) {
-      if (std::strcmp(kernel.name, "attention") != 0) continue;
-      for (const bool causal : {false, true}) {
-        const headsum_attn_shape shape = AttnShape(512, 512, causal);
-        std::string name = AttnName(kernel, false, shape, 1);
-        name.replace(name.find("/headsum/"), 9, std::string("/at_") + target + "/");
-        benchmark::RegisterBenchmark(name.c_str(),
-                                     [&kernel, shape, target, peak](benchmark::State& state) {
-                                       if (headsum_set_target(target) != HEADSUM_OK) {
-                                         state.SkipWithError(headsum_last_error());
-                                         return;
-                                       }
-                                       const double best = g_peak_gflops_per_core;
-                                       g_peak_gflops_per_core = peak;
-                                       RunAttn(state, kernel, false, shape, 1, 0);
-                                       g_peak_gflops_per_core = best;
-                                       headsum_set_target(nullptr);
-                                     })
-            ->UseRealTime()
-            ->Unit(benchmark::kMicrosecond);
-      }
-    }
-    {
-      const headsum_proj_shape shape = SeedAt(512, 512, false).proj();
-      std::string name = ProjName(ProjImpl::kHeadsum, shape, 1);
-      name.replace(name.find("/headsum/"), 9, std::string("/at_") + target + "/");
-      benchmark::RegisterBenchmark(name.c_str(), [shape, target, peak](benchmark::State& state) {
-        if (headsum_set_target(target) != HEADSUM_OK) {
-          state.SkipWithError(headsum_last_error());
-          return;
+    for (const size_t offset : kOffsets) {
+      for (const AttnKernel& kernel : kAttnKernels) {
+        if (std::strcmp(kernel.name, "attention") != 0) continue;
+        for (const bool causal : {false, true}) {
+          const headsum_attn_shape shape = AttnShape(512, 512, causal);
+          std::string name = AttnName(kernel, false, shape, 1, offset);
+          name.replace(name.find("/headsum/"), 9, std::string("/at_") + target + "/");
+          benchmark::RegisterBenchmark(
+              name.c_str(),
+              [&kernel, shape, target, peak, offset](benchmark::State& state) {
+                if (headsum_set_target(target) != HEADSUM_OK) {
+                  state.SkipWithError(headsum_last_error());
+                  return;
+                }
+                const double best = g_peak_gflops_per_core;
+                g_peak_gflops_per_core = peak;
+                RunAttn(state, kernel, false, shape, 1, offset);
+                g_peak_gflops_per_core = best;
+                headsum_set_target(nullptr);
+              })
+              ->UseRealTime()
+              ->Unit(benchmark::kMicrosecond);
         }
-        const double best = g_peak_gflops_per_core;
-        g_peak_gflops_per_core = peak;
-        RunProject(state, ProjImpl::kHeadsum, shape, 1, 0);
-        g_peak_gflops_per_core = best;
-        headsum_set_target(nullptr);
-      })
+      }
+      const headsum_proj_shape shape = SeedAt(512, 512, false).proj();
+      std::string name = ProjName(ProjImpl::kHeadsum, shape, 1, offset);
+      name.replace(name.find("/headsum/"), 9, std::string("/at_") + target + "/");
+      benchmark::RegisterBenchmark(name.c_str(),
+                                   [shape, target, peak, offset](benchmark::State& state) {
+                                     if (headsum_set_target(target) != HEADSUM_OK) {
+                                       state.SkipWithError(headsum_last_error());
+                                       return;
+                                     }
+                                     const double best = g_peak_gflops_per_core;
+                                     g_peak_gflops_per_core = peak;
+                                     RunProject(state, ProjImpl::kHeadsum, shape, 1, offset);
+                                     g_peak_gflops_per_core = best;
+                                     headsum_set_target(nullptr);
+                                   })
           ->UseRealTime()
           ->Unit(benchmark::kMicrosecond);
     }

@@ -773,15 +773,20 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(table_lines(pairs, args.markdown, binds, extras)))
     print("\n".join(fixed_cost_lines(pairs, binds, extras, args.markdown)))
     print("\n".join(probe_lines(extras, binds, args.markdown)))
-    lower = [r for p in pairs for (impl, bind, _), r in sorted(p.rows.items())
-             if impl.startswith(LOWER_PREFIX) and bind == binds[0]]
+    lower = [(p, impl) for p in pairs for impl in sorted({i for (i, b, o) in p.rows
+                                                        if i.startswith(LOWER_PREFIX)})]
     if lower:
-        print("\nheadsum forced onto lower targets (1 thread; % of that target's own peak)\n")
-        print(f"{'kernel':<18} {'shape':<22} {'target':<8} {'GFLOP/s':>8} {'% own peak':>11}")
-        for r in lower:
-            shape = shape_text(r.params, common_params(pairs))
-            print(f"{r.kernel:<18} {shape:<22} {r.impl[len(LOWER_PREFIX):]:<8} "
-                  f"{fmt(r.gflops):>8} {fmt(r.pct_peak):>11}")
+        print(f"\nheadsum forced onto lower targets (1 thread, threads {binds[0]}; GFLOP/s "
+              "aligned and off16, % of that target's own peak)\n")
+        print(f"{'kernel':<18} {'shape':<22} {'target':<8} {'GFLOP/s':>8} {'off16':>8} "
+              f"{'off/al':>7} {'% own peak':>11}")
+        for p, impl in lower:
+            r, ro = p.get(impl, binds[0], ALIGNED), p.get(impl, binds[0], OFFSET)
+            shape = shape_text(p.params, common_params(pairs))
+            print(f"{p.kernel:<18} {shape:<22} {impl[len(LOWER_PREFIX):]:<8} "
+                  f"{cell(r, r.gflops if r else math.nan):>8} "
+                  f"{cell(ro, ro.gflops if ro else math.nan):>8} "
+                  f"{fmt(speedup(r, ro), 2):>7} {cell(r, r.pct_peak if r else math.nan):>11}")
     if args.plot:
         ctx = docs[0].get("context", {})
         title = (f"headsum vs oneDNN, {ctx.get('headsum_target', '?')}, "
