@@ -14,7 +14,9 @@ struct Peak {
 };
 
 // Runs independent FMA chains on the calling thread for a few tens of
-// milliseconds at the best Highway target this CPU supports; best of 5.
+// milliseconds at the best Highway target this CPU supports; best of 5, each
+// timed by the thread's CPU clock (time the thread waited for the core does
+// not count).
 Peak MeasureSingleCorePeak();
 
 // The same probe forced onto the Highway target named `target` ("AVX2",
