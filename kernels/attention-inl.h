@@ -30,6 +30,7 @@
 
 #include <cmath>
 #include <limits>
+#include <type_traits>
 
 #include "hwy/cache_control.h"
 #include "kernels/convert-inl.h"
@@ -78,15 +79,19 @@ struct FlashScratch {
 inline size_t WidenedFloats(const TensorView& t, size_t rows, size_t L) {
   return t.IsF32() ? 0 : rows * L;
 }
-// Rows of a widened K or V tile: none when every block runs on the dot path
-// (which reads 16-bit rows in place).
-inline size_t WidenedKvRows(const AttnDims& a) { return a.seq_q <= kDotRows ? 0 : kKeyTile; }
+// Rows of a widened K or V tile: a dot-path tile when K and V differ in
+// dtype (RowByDot), else none when every block runs on the dot path (which
+// reads 16-bit rows in place), else a key tile of the block paths.
+inline size_t WidenedKvRows(const AttnDims& a, const AttnViews& v) {
+  if (v.k.dtype != v.v.dtype) return kDotKeyTile;
+  return a.seq_q <= kDotRows ? 0 : kKeyTile;
+}
 
 inline size_t AttentionScratch(const AttnDims& a, const AttnViews& v) {
   const size_t ldw = QueryColumns(kQueryBlock), L = a.head_dim;
   return ldw * L + kKeyTile * ldw + kQueryBlock * L + 4 * ldw + kDotKeyTile + L * kKeyTile +
-         WidenedFloats(v.q, kQueryBlock, L) + WidenedFloats(v.k, WidenedKvRows(a), L) +
-         WidenedFloats(v.v, WidenedKvRows(a), L);
+         WidenedFloats(v.q, kQueryBlock, L) + WidenedFloats(v.k, WidenedKvRows(a, v), L) +
+         WidenedFloats(v.v, WidenedKvRows(a, v), L);
 }
 
 inline FlashScratch CarveFlashScratch(const AttnDims& a, const AttnViews& v, float* scratch) {
@@ -103,7 +108,7 @@ inline FlashScratch CarveFlashScratch(const AttnDims& a, const AttnViews& v, flo
   f.k_t = f.s_row + kDotKeyTile;
   f.q_rows = f.k_t + a.head_dim * kKeyTile;
   f.k_rows = f.q_rows + WidenedFloats(v.q, kQueryBlock, a.head_dim);
-  f.v_rows = f.k_rows + WidenedFloats(v.k, WidenedKvRows(a), a.head_dim);
+  f.v_rows = f.k_rows + WidenedFloats(v.k, WidenedKvRows(a, v), a.head_dim);
   return f;
 }
 
@@ -286,17 +291,31 @@ HWY_NOINLINE void FlashAttentionRowByDot(const AttnDims& a, const float* HWY_RES
   }
 }
 
-// FlashAttentionRowByDot for K and V of their views' dtypes.
+// FlashAttentionRowByDot for K and V of their views' dtypes.  K and V of one
+// dtype (the usual cache) are read in place; the rare mixed pair (say f16 K,
+// bf16 V) is widened tile by tile into scratch first, so that only three
+// instantiations of the dot path are compiled per target, not nine.
 inline void RowByDot(const AttnDims& a, const float* HWY_RESTRICT q_i, const KvRows& k_g,
                      const KvRows& v_g, size_t visible, size_t key_begin, size_t key_end,
                      float* HWY_RESTRICT acc, float* m, float* l, float* bad,
                      float* HWY_RESTRICT s_row) {
-  WithElementType(k_g.dtype, k_g.base, [&](const auto* k) {
-    WithElementType(v_g.dtype, v_g.base, [&](const auto* v) {
-      FlashAttentionRowByDot(a, q_i, k, k_g.stride, v, v_g.stride, visible, key_begin, key_end,
-                             acc, m, l, bad, s_row);
+  if (k_g.dtype == v_g.dtype) {
+    WithElementType(k_g.dtype, k_g.base, [&](const auto* k) {
+      using T = std::remove_cv_t<std::remove_pointer_t<decltype(k)>>;
+      const T* v = reinterpret_cast<const T*>(v_g.base);
+      FlashAttentionRowByDot(a, q_i, k, k_g.stride, v, v_g.stride, visible, key_begin,
+                             key_end, acc, m, l, bad, s_row);
     });
-  });
+    return;
+  }
+  const size_t L = a.head_dim, end = visible < key_end ? visible : key_end;
+  for (size_t j0 = key_begin; j0 < end && *bad == 0.0f; j0 += kDotKeyTile) {
+    const size_t nj = end - j0 < kDotKeyTile ? end - j0 : kDotKeyTile;
+    size_t ldk, ldv;
+    const float* HWY_RESTRICT k_tile = k_g.Tile(j0, nj, L, &ldk);
+    const float* HWY_RESTRICT v_tile = v_g.Tile(j0, nj, L, &ldv);
+    FlashAttentionRowByDot(a, q_i, k_tile, ldk, v_tile, ldv, nj, 0, nj, acc, m, l, bad, s_row);
+  }
 }
 
 // Query rows [i0, i0 + rows) over keys [key_begin, key_end) when they are
