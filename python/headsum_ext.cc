@@ -32,6 +32,7 @@
 #include <utility>
 #include <vector>
 
+#include "dispatch/test_hooks.h"  // FailAllocationsAfter: the tests' MemoryError
 #include "headsum/headsum.h"
 
 #ifndef HEADSUM_PY_TENSOR_API
@@ -264,7 +265,6 @@ bool IsTorch(nb::handle h) {
                         ": expected a NumPy array or a DLPack tensor (float32, float16 or "
                         "bfloat16, on the CPU), got " +
                         got;
-  if (IsTorch(h)) message += " (a tensor that requires grad needs .detach() first)";
   Invalid(message);
 }
 
@@ -800,7 +800,7 @@ NB_MODULE(_headsum, m) {
   m.attr("__version__") = headsum_version();
   m.attr("_has_tensor_api") = bool(HEADSUM_PY_TENSOR_API);
 
-  m.def("attention", &Attention, "q"_a, "k"_a, "v"_a, nb::kw_only(), "causal"_a = false,
+  m.def("attention", &Attention, "q"_a.none(), "k"_a.none(), "v"_a.none(), nb::kw_only(), "causal"_a = false,
         "scale"_a = nb::none(), "out"_a = nb::none(),
         R"(attention(q, k, v, *, causal=False, scale=None, out=None) -> array
 
@@ -823,7 +823,7 @@ Raises ValueError for bad arguments (the message names the argument and the
 expected shape), RuntimeError when the build or CPU cannot serve the call,
 MemoryError when memory runs out.)");
 
-  m.def("project_heads_sum", &ProjectHeadsSum, "o"_a, "wo"_a, "bias"_a = nb::none(),
+  m.def("project_heads_sum", &ProjectHeadsSum, "o"_a.none(), "wo"_a.none(), "bias"_a = nb::none(),
         "gates"_a = nb::none(), nb::kw_only(), "out"_a = nb::none(),
         R"(project_heads_sum(o, wo, bias=None, gates=None, *, out=None) -> array
 
@@ -839,7 +839,7 @@ API takes contiguous float32 only: o and wo that are not float32
 C-contiguous are converted once to a float32 copy.  bias and gates are
 float32 vectors (others are converted, a copy of D or H values).)");
 
-  m.def("head_contributions", &HeadContributions, "o"_a, "wo"_a, nb::kw_only(),
+  m.def("head_contributions", &HeadContributions, "o"_a.none(), "wo"_a.none(), nb::kw_only(),
         "out"_a = nb::none(),
         R"(head_contributions(o, wo, *, out=None) -> float32 array
 
@@ -852,7 +852,7 @@ o [B][H][S][L]   wo [H*L][D]   returns / out [B][S][H][D] (float32)
 o and wo are read in place when float32 C-contiguous; otherwise (16-bit,
 strided) each is converted once to a contiguous float32 copy.)");
 
-  m.def("head_attribution", &HeadAttribution, "o"_a, "wo"_a, "directions"_a, nb::kw_only(),
+  m.def("head_attribution", &HeadAttribution, "o"_a.none(), "wo"_a.none(), "directions"_a.none(), nb::kw_only(),
         "out"_a = nb::none(),
         R"(head_attribution(o, wo, directions, *, out=None) -> float32 array
 
@@ -865,7 +865,7 @@ Inputs are read in place when float32 C-contiguous, else converted once
 to a contiguous float32 copy.  For fixed wo and directions across many
 calls, AttributionBasis computes Wo[h] directions[r] once.)");
 
-  m.def("head_contribution_norms", &HeadContributionNorms, "o"_a, "wo"_a, nb::kw_only(),
+  m.def("head_contribution_norms", &HeadContributionNorms, "o"_a.none(), "wo"_a.none(), nb::kw_only(),
         "out"_a = nb::none(),
         R"(head_contribution_norms(o, wo, *, out=None) -> float32 array
 
@@ -886,8 +886,8 @@ wo [H*L][D]   directions [R][D] (or [D])   heads: H
 basis(o, *, out=None) -> [B][S][H][R] float32 ([B][S][H] for a 1-D
 direction), o [B][H][S][L].  Inputs that are not float32 C-contiguous are
 converted once to a contiguous float32 copy.)")
-      .def(nb::init<nb::handle, nb::handle, int64_t>(), "wo"_a, "directions"_a, "heads"_a)
-      .def("__call__", &AttributionBasis::Call, "o"_a, nb::kw_only(), "out"_a = nb::none(),
+      .def(nb::init<nb::handle, nb::handle, int64_t>(), "wo"_a.none(), "directions"_a.none(), "heads"_a)
+      .def("__call__", &AttributionBasis::Call, "o"_a.none(), nb::kw_only(), "out"_a = nb::none(),
            "Attribution of o [B][H][S][L] along the basis' directions: [B][S][H][R].")
       .def_ro("heads", &AttributionBasis::heads_, "H")
       .def_ro("head_dim", &AttributionBasis::head_dim_, "L")
@@ -911,6 +911,9 @@ changes nothing.  Process-wide.)");
 Threads each call uses (OpenMP); 0 restores the default.  Process-wide.
 A negative n raises ValueError.)");
 
+  m.def(
+      "_fail_allocations_after", [](long n) { headsum::testing::FailAllocationsAfter(n); }, "n"_a,
+      "Tests only: the library's next n allocations succeed, later ones fail (n < 0: none fail).");
   m.def(
       "_copy_stats",
       [] { return std::make_pair(g_copies.load(), g_copied_bytes.load()); },
