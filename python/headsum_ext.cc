@@ -35,10 +35,6 @@
 #include "dispatch/test_hooks.h"  // FailAllocationsAfter: the tests' MemoryError
 #include "headsum/headsum.h"
 
-#ifndef HEADSUM_PY_TENSOR_API
-#define HEADSUM_PY_TENSOR_API 0
-#endif
-
 namespace nb = nanobind;
 using namespace nb::literals;
 
@@ -508,7 +504,6 @@ headsum_dtype ResultDtype(const Array& like) {
   return like.dtype == HEADSUM_BF16 && !like.torch ? HEADSUM_F32 : like.dtype;
 }
 
-#if HEADSUM_PY_TENSOR_API
 headsum_tensor View(const Array& a, int64_t s0, int64_t s1, int64_t s2) {
   headsum_tensor t;
   t.data = a.data;
@@ -519,7 +514,6 @@ headsum_tensor View(const Array& a, int64_t s0, int64_t s1, int64_t s2) {
   return t;
 }
 headsum_tensor View4(const Array& a) { return View(a, a.strides[0], a.strides[1], a.strides[2]); }
-#endif
 
 std::string Dim(const char* name, int64_t value) { return std::string(name) + "=" + std::to_string(value); }
 
@@ -550,14 +544,11 @@ nb::object Attention(nb::handle q_, nb::handle k_, nb::handle v_, bool causal,
   const Array& o = out.array;
   headsum_attn_shape shape{B, H, Hkv, Sq, Skv, L, scale_f, causal ? 1 : 0};
   headsum_status status;
-#if HEADSUM_PY_TENSOR_API
   if (q.viewable() && k.viewable() && v.viewable() && o.viewable()) {
     const headsum_tensor tq = View4(q), tk = View4(k), tv = View4(v), to = View4(o);
     nb::gil_scoped_release release;
     status = headsum_attention_tensors(&shape, &tq, &tk, &tv, &to);
-  } else
-#endif
-  {
+  } else {
     nb::gil_scoped_release release;
     std::vector<float> qb, kb, vb, ob;
     const float* qp = StageF32(q, qb);
@@ -615,7 +606,6 @@ nb::object ProjectHeadsSum(nb::handle o_, nb::handle wo_, nb::handle bias_, nb::
                  {&p.o, &p.wo, bias ? &*bias : nullptr, gates ? &*gates : nullptr});
   const Array& y = out.array;
   headsum_status status;
-#if HEADSUM_PY_TENSOR_API
   if (!gates && p.o.viewable() && p.wo.viewable() && y.viewable()) {
     const headsum_tensor th = View4(p.o), tw = View(p.wo, 0, 0, p.wo.strides[0]),
                          ty = View(y, y.strides[0], 0, y.strides[1]);
@@ -623,9 +613,7 @@ nb::object ProjectHeadsSum(nb::handle o_, nb::handle wo_, nb::handle bias_, nb::
     std::vector<float> bb;
     const float* bp = bias ? StageF32(*bias, bb) : nullptr;
     status = headsum_project_heads_sum_tensors(&s, &th, &tw, bp, &ty);
-  } else
-#endif
-  {
+  } else {
     nb::gil_scoped_release release;
     std::vector<float> ob, wb, bb, gb, yb;
     const float* op = StageF32(p.o, ob);
@@ -798,7 +786,6 @@ void SetNumThreads(int n) { Check(headsum_set_num_threads(n)); }
 NB_MODULE(_headsum, m) {
   m.doc() = "headsum's compiled core; use the package `headsum`.";
   m.attr("__version__") = headsum_version();
-  m.attr("_has_tensor_api") = bool(HEADSUM_PY_TENSOR_API);
 
   m.def("attention", &Attention, "q"_a.none(), "k"_a.none(), "v"_a.none(), nb::kw_only(), "causal"_a = false,
         "scale"_a = nb::none(), "out"_a = nb::none(),

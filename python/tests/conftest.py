@@ -33,5 +33,3 @@ def copies():
     """Float32 stagings the binding has made so far: (count, bytes)."""
     return headsum._headsum._copy_stats()
 
-
-TENSOR_API = headsum._headsum._has_tensor_api
