@@ -163,8 +163,11 @@ class PackedWo {
     check(headsum_project_heads_sum_packed(&c, heads.data(), packed_, bias.data(), y.data()));
   }
   const headsum_wo_packed* get() const { return packed_; }
+  // Takes ownership of a handle from headsum_wo_pack / headsum_wo_pack_tensor.
+  static PackedWo adopt(headsum_wo_packed* packed) { return PackedWo(packed); }
 
  private:
+  explicit PackedWo(headsum_wo_packed* packed) : packed_(packed) {}
   headsum_wo_packed* packed_ = nullptr;
 };
 
@@ -274,6 +277,202 @@ class ScopedTarget {
  private:
   std::string previous_;
 };
+
+// ---------------------------------------------------------------------------
+// Tensors: 16-bit element types and strided views (the C tensor API).
+//
+//   std::vector<headsum::bf16> k_cache(B * Hkv * cap * L);
+//   auto k = headsum::Tensor<const headsum::bf16>::bhsd(k_cache.data(), B, Hkv, len, L);
+//   k.strides[1] = cap * L;                  // a cache with room for cap tokens
+//   headsum::attention(shape, q, k, v, o);   // any mix of float, f16, bf16
+
+// 16-bit floats as stored: bf16 (8-bit exponent, 7-bit mantissa) and IEEE
+// f16.  Construction from float rounds to nearest even (NaN stays NaN, f16
+// overflow gives inf); conversion to float is exact.
+struct bf16 {
+  uint16_t bits = 0;
+  bf16() = default;
+  explicit bf16(float f) : bits(FromFloat(f)) {}
+  explicit operator float() const {
+    const uint32_t u = static_cast<uint32_t>(bits) << 16;
+    float f;
+    __builtin_memcpy(&f, &u, 4);
+    return f;
+  }
+  static uint16_t FromFloat(float f) {
+    uint32_t u;
+    __builtin_memcpy(&u, &f, 4);
+    if ((u & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((u | 0x00400000u) >> 16);
+    return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+  }
+};
+struct f16 {
+  uint16_t bits = 0;
+  f16() = default;
+  explicit f16(float f) : bits(FromFloat(f)) {}
+  explicit operator float() const {
+    const uint32_t sign = static_cast<uint32_t>(bits & 0x8000u) << 16;
+    const uint32_t e = (bits >> 10) & 0x1Fu, m = bits & 0x3FFu;
+    uint32_t u;
+    if (e == 0x1F) {
+      u = sign | 0x7F800000u | (m << 13);
+    } else if (e != 0) {
+      u = sign | ((e + 112) << 23) | (m << 13);
+    } else {  // zero, subnormal: m * 2^-24
+      float f = static_cast<float>(m) * 5.9604644775390625e-08f;
+      __builtin_memcpy(&u, &f, 4);
+      u |= sign;
+    }
+    float f;
+    __builtin_memcpy(&f, &u, 4);
+    return f;
+  }
+  static uint16_t FromFloat(float f) {
+    uint32_t u;
+    __builtin_memcpy(&u, &f, 4);
+    const uint32_t sign = (u >> 16) & 0x8000u, a = u & 0x7FFFFFFFu;
+    if (a > 0x7F800000u) return static_cast<uint16_t>(sign | 0x7E00u);  // NaN
+    if (a >= 0x47800000u) return static_cast<uint16_t>(sign | 0x7C00u);  // >= 65536: inf
+    if (a < 0x38800000u) {  // f16 subnormal or zero: round at 2^-24
+      float x, half = 0.5f;
+      __builtin_memcpy(&x, &a, 4);
+      x += half;
+      uint32_t r;
+      __builtin_memcpy(&r, &x, 4);
+      return static_cast<uint16_t>(sign | (r - 0x3F000000u));
+    }
+    const uint32_t odd = (a >> 13) & 1u;
+    return static_cast<uint16_t>(sign | ((a + 0xC8000FFFu + odd) >> 13));
+  }
+};
+
+namespace detail {
+template <class T> struct DtypeOf;
+template <> struct DtypeOf<float> { static constexpr headsum_dtype value = HEADSUM_F32; };
+template <> struct DtypeOf<bf16> { static constexpr headsum_dtype value = HEADSUM_BF16; };
+template <> struct DtypeOf<f16> { static constexpr headsum_dtype value = HEADSUM_F16; };
+template <class T> struct DtypeOf<const T> : DtypeOf<T> {};
+}  // namespace detail
+
+// A strided [b][h][s][l] view of T (float, f16 or bf16; const for inputs):
+// element (b, h, s, l) at data + b*strides[0] + h*strides[1] + s*strides[2]
+// + l.  Carries its extents, which the calls check against their shape.
+template <class T>
+struct Tensor {
+  T* data = nullptr;
+  int64_t extents[4] = {1, 1, 1, 1};
+  int64_t strides[3] = {0, 0, 0};
+
+  static constexpr headsum_dtype dtype = detail::DtypeOf<T>::value;
+
+  // Contiguous [B][H][S][L].
+  static Tensor bhsd(T* data, int64_t b, int64_t h, int64_t s, int64_t l) {
+    return Tensor{data, {b, h, s, l}, {h * s * l, s * l, l}};
+  }
+  // Token-major [B][S][H][L] (an engine's usual layout), indexed [b][h][s][l].
+  static Tensor bshd(T* data, int64_t b, int64_t h, int64_t s, int64_t l) {
+    return Tensor{data, {b, h, s, l}, {s * h * l, l, h * l}};
+  }
+  // Rows of a matrix [rows][cols] with row stride ld (>= cols): Wo, Y.
+  static Tensor matrix(T* data, int64_t rows, int64_t cols, int64_t ld) {
+    return Tensor{data, {1, 1, rows, cols}, {0, 0, ld}};
+  }
+  // The same memory as a view of const T.
+  operator Tensor<const T>() const {  // NOLINT: implicit on purpose
+    return Tensor<const T>{data, {extents[0], extents[1], extents[2], extents[3]},
+                           {strides[0], strides[1], strides[2]}};
+  }
+  headsum_tensor c() const {
+    headsum_tensor t;
+    t.data = const_cast<void*>(static_cast<const void*>(data));
+    t.dtype = dtype;
+    t.strides[0] = strides[0];
+    t.strides[1] = strides[1];
+    t.strides[2] = strides[2];
+    return t;
+  }
+};
+
+namespace detail {
+template <class T>
+void expect_extents(const char* fn, const char* name, const Tensor<T>& t, int64_t e0,
+                    int64_t e1, int64_t e2, int64_t e3) {
+  if (t.extents[0] == e0 && t.extents[1] == e1 && t.extents[2] == e2 && t.extents[3] == e3) {
+    return;
+  }
+  throw Error(HEADSUM_ERR_INVALID_ARGUMENT,
+              std::string(fn) + ": " + name + " is [" + std::to_string(t.extents[0]) + "][" +
+                  std::to_string(t.extents[1]) + "][" + std::to_string(t.extents[2]) + "][" +
+                  std::to_string(t.extents[3]) + "], the shape needs [" + std::to_string(e0) +
+                  "][" + std::to_string(e1) + "][" + std::to_string(e2) + "][" +
+                  std::to_string(e3) + "]");
+}
+}  // namespace detail
+
+// attention on views: q [B][H][Sq][L], k and v [B][Hkv][Skv][L] (a cache of
+// any capacity: only the first Skv positions are read), out [B][H][Sq][L].
+template <class TQ, class TK, class TV, class TO>
+void attention(const AttnShape& s, const Tensor<TQ>& q, const Tensor<TK>& k,
+               const Tensor<TV>& v, const Tensor<TO>& out) {
+  const char* fn = "attention";
+  detail::expect_extents(fn, "q", q, s.batch, s.heads, s.seq_q, s.head_dim);
+  detail::expect_extents(fn, "k", k, s.batch, s.kv(), s.seq_kv, s.head_dim);
+  detail::expect_extents(fn, "v", v, s.batch, s.kv(), s.seq_kv, s.head_dim);
+  detail::expect_extents(fn, "out", out, s.batch, s.heads, s.seq_q, s.head_dim);
+  const headsum_attn_shape c = s.c();
+  const headsum_tensor tq = q.c(), tk = k.c(), tv = v.c(), to = out.c();
+  check(headsum_attention_tensors(&c, &tq, &tk, &tv, &to));
+}
+
+// project_heads_sum on views: heads [B][H][S][L], wo a [H*L][D] matrix,
+// y [B][1][S][D] (Tensor::bhsd(y, B, 1, S, D) or with a row stride); bias
+// [D] or an empty view.
+template <class TO, class TW, class TY>
+void project_heads_sum(const ProjShape& s, const Tensor<TO>& heads, const Tensor<TW>& wo,
+                       In bias, const Tensor<TY>& y) {
+  const char* fn = "project_heads_sum";
+  detail::expect_extents(fn, "heads", heads, s.batch, s.heads, s.seq, s.head_dim);
+  detail::expect_extents(fn, "wo", wo, 1, 1, s.heads * s.head_dim, s.model_dim);
+  detail::expect_extents(fn, "y", y, s.batch, 1, s.seq, s.model_dim);
+  detail::expect(fn, "bias", bias, detail::count(s.model_dim, 1));
+  const headsum_proj_shape c = s.c();
+  const headsum_tensor th = heads.c(), tw = wo.c(), ty = y.c();
+  check(headsum_project_heads_sum_tensors(&c, &th, &tw, bias.data(), &ty));
+}
+
+// Wo packed once in its own dtype (16-bit packs stay 16-bit).
+template <class TW>
+PackedWo pack_wo(const ProjShape& s, const Tensor<TW>& wo) {
+  detail::expect_extents("pack_wo", "wo", wo, 1, 1, s.heads * s.head_dim, s.model_dim);
+  const headsum_proj_shape c = s.c();
+  const headsum_tensor tw = wo.c();
+  headsum_wo_packed* packed = nullptr;
+  check(headsum_wo_pack_tensor(&c, &tw, &packed));
+  return PackedWo::adopt(packed);
+}
+
+// project_heads_sum from a packed Wo, on views.
+template <class TO, class TY>
+void project_heads_sum(const ProjShape& s, const Tensor<TO>& heads, const PackedWo& wo,
+                       In bias, const Tensor<TY>& y) {
+  const char* fn = "project_heads_sum";
+  detail::expect_extents(fn, "heads", heads, s.batch, s.heads, s.seq, s.head_dim);
+  detail::expect_extents(fn, "y", y, s.batch, 1, s.seq, s.model_dim);
+  detail::expect(fn, "bias", bias, detail::count(s.model_dim, 1));
+  const headsum_proj_shape c = s.c();
+  const headsum_tensor th = heads.c(), ty = y.c();
+  check(headsum_project_heads_sum_packed_tensors(&c, &th, wo.get(), bias.data(), &ty));
+}
+
+// dst = src over src's extents (which dst must share), rounded to dst's type:
+// how new tokens go into a 16-bit KV cache.
+template <class TS, class TD>
+void convert(const Tensor<TS>& src, const Tensor<TD>& dst) {
+  detail::expect_extents("convert", "dst", dst, src.extents[0], src.extents[1], src.extents[2],
+                         src.extents[3]);
+  const headsum_tensor ts = src.c(), td = dst.c();
+  check(headsum_convert(src.extents, &ts, &td));
+}
 
 }  // namespace headsum
 
