@@ -474,6 +474,156 @@ void convert(const Tensor<TS>& src, const Tensor<TD>& dst) {
   check(headsum_convert(src.extents, &ts, &td));
 }
 
+// ---- The whole layer and its KV cache (headsum_mha_*, headsum_kv_cache_*) ----
+//
+//   headsum::MhaConfig config{.model_dim = 512, .heads = 8, .head_dim = 64,
+//                             .rope_theta = 10000};
+//   headsum::Mha mha(config, {.wq = wq, .wk = wk, .wv = wv, .wo = wo});
+//   headsum::KvCache cache = mha.new_cache(/*batch=*/1, /*capacity=*/4096);
+//   mha.forward(cache, /*batch=*/1, /*seq=*/prompt_len, x, y);   // prefill
+//   mha.forward(cache, 1, 1, x_next, y_next);                    // a step
+
+struct MhaConfig {
+  int64_t model_dim = 1, heads = 1, kv_heads = 0, head_dim = 1;  // kv_heads 0: = heads
+  bool causal = true;
+  float rope_theta = 0.0f;  // 0: no RoPE
+  headsum_dtype weight_dtype = HEADSUM_F32, cache_dtype = HEADSUM_F32;
+
+  headsum_mha_config c() const {
+    headsum_mha_config config;
+    config.model_dim = model_dim;
+    config.heads = heads;
+    config.kv_heads = kv_heads;
+    config.head_dim = head_dim;
+    config.causal = causal ? 1 : 0;
+    config.rope_theta = rope_theta;
+    config.weight_dtype = weight_dtype;
+    config.cache_dtype = cache_dtype;
+    return config;
+  }
+  int64_t kv() const { return kv_heads == 0 ? heads : kv_heads; }
+};
+
+// The layer's weights (or one shard's slices), f32, x @ W; empty biases
+// mean none.
+struct MhaWeights {
+  In wq, wk, wv, wo;
+  In bq, bk, bv, bo;
+};
+
+// A KV cache of one layer (RAII over headsum_kv_cache).  Movable, not
+// copyable; made by Mha::new_cache.
+class KvCache {
+ public:
+  KvCache() = default;
+  ~KvCache() { headsum_kv_cache_free(cache_); }
+  KvCache(const KvCache&) = delete;
+  KvCache& operator=(const KvCache&) = delete;
+  KvCache(KvCache&& other) noexcept
+      : cache_(std::exchange(other.cache_, nullptr)), batch_(other.batch_),
+        capacity_(other.capacity_) {}
+  KvCache& operator=(KvCache&& other) noexcept {
+    std::swap(cache_, other.cache_);
+    std::swap(batch_, other.batch_);
+    std::swap(capacity_, other.capacity_);
+    return *this;
+  }
+
+  int64_t length() const { return headsum_kv_cache_length(cache_); }  // tokens held
+  int64_t capacity() const { return capacity_; }
+  int64_t batch() const { return batch_; }
+  void reset() { headsum_kv_cache_reset(cache_); }
+  headsum_kv_cache* get() const { return cache_; }
+
+ private:
+  friend class Mha;
+  KvCache(headsum_kv_cache* cache, int64_t batch, int64_t capacity)
+      : cache_(cache), batch_(batch), capacity_(capacity) {}
+  headsum_kv_cache* cache_ = nullptr;
+  int64_t batch_ = 0, capacity_ = 0;
+};
+
+// The whole attention layer, or one shard of its heads (RAII over
+// headsum_mha).  Movable, not copyable.  forward() is const: one layer may
+// serve many threads, each with its own cache.
+class Mha {
+ public:
+  Mha(const MhaConfig& config, const MhaWeights& w) : config_(config) {
+    check_weights("Mha", w, config.heads, config.kv());
+    const headsum_mha_config c = config.c();
+    check(headsum_mha_create(&c, w.wq.data(), w.wk.data(), w.wv.data(), w.wo.data(),
+                             w.bq.data(), w.bk.data(), w.bv.data(), w.bo.data(), &mha_));
+  }
+  // Query heads [head_begin, head_end) (whole kv groups), from their own
+  // slices only (headsum_mha_create_shard).
+  static Mha shard(const MhaConfig& config, int64_t head_begin, int64_t head_end,
+                   const MhaWeights& w) {
+    Mha m;
+    m.config_ = config;
+    const int64_t group = config.kv() > 0 && config.heads % config.kv() == 0
+                              ? config.heads / config.kv() : 1;
+    const int64_t heads = head_end - head_begin;
+    m.check_weights("Mha::shard", w, heads, heads / group);
+    const headsum_mha_config c = config.c();
+    check(headsum_mha_create_shard(&c, head_begin, head_end, w.wq.data(), w.wk.data(),
+                                   w.wv.data(), w.wo.data(), w.bq.data(), w.bk.data(),
+                                   w.bv.data(), w.bo.data(), &m.mha_));
+    return m;
+  }
+  ~Mha() { headsum_mha_free(mha_); }
+  Mha(const Mha&) = delete;
+  Mha& operator=(const Mha&) = delete;
+  Mha(Mha&& other) noexcept
+      : mha_(std::exchange(other.mha_, nullptr)), config_(other.config_) {}
+  Mha& operator=(Mha&& other) noexcept {
+    std::swap(mha_, other.mha_);
+    std::swap(config_, other.config_);
+    return *this;
+  }
+
+  KvCache new_cache(int64_t batch, int64_t capacity) const {
+    headsum_kv_cache* cache = nullptr;
+    check(headsum_kv_cache_create(mha_, batch, capacity, &cache));
+    return KvCache(cache, batch, capacity);
+  }
+  // y [B][S][Dm] from x [B][S][Dm], appending to `cache`.
+  void forward(KvCache& cache, int64_t batch, int64_t seq, In x, Out y) const {
+    run("Mha::forward", cache.get(), batch, seq, x, y);
+  }
+  // Self-attention over x alone (no cache), positions 0 .. S-1.
+  void forward(int64_t batch, int64_t seq, In x, Out y) const {
+    run("Mha::forward", nullptr, batch, seq, x, y);
+  }
+  const MhaConfig& config() const { return config_; }
+  const headsum_mha* get() const { return mha_; }
+
+ private:
+  Mha() = default;
+  // Each weight holds what the shape needs (a NULL bias is fine).
+  void check_weights(const char* fn, const MhaWeights& w, int64_t heads,
+                     int64_t kv_heads) const {
+    const int64_t Dm = config_.model_dim, L = config_.head_dim;
+    detail::expect(fn, "wq", w.wq, detail::count(Dm, heads, L));
+    detail::expect(fn, "wk", w.wk, detail::count(Dm, kv_heads, L));
+    detail::expect(fn, "wv", w.wv, detail::count(Dm, kv_heads, L));
+    detail::expect(fn, "wo", w.wo, detail::count(heads, L, Dm));
+    detail::expect(fn, "bq", w.bq, detail::count(heads, L));
+    detail::expect(fn, "bk", w.bk, detail::count(kv_heads, L));
+    detail::expect(fn, "bv", w.bv, detail::count(kv_heads, L));
+    detail::expect(fn, "bo", w.bo, detail::count(Dm, 1));
+  }
+  void run(const char* fn, headsum_kv_cache* cache, int64_t batch, int64_t seq, In x,
+           Out y) const {
+    const size_t n = detail::count(batch, seq, config_.model_dim);
+    detail::expect(fn, "x", x, n);
+    detail::expect(fn, "y", y, n);
+    check(headsum_mha_forward(mha_, cache, batch, seq, x.data(), y.data()));
+  }
+
+  headsum_mha* mha_ = nullptr;
+  MhaConfig config_;
+};
+
 }  // namespace headsum
 
 #endif  // HEADSUM_HEADSUM_HPP_
