@@ -784,6 +784,161 @@ class AttributionBasis {
 };
 
 // ---------------------------------------------------------------------------
+// The whole layer (headsum_mha_*) and its KV cache
+
+headsum_dtype StorageDtype(const char* arg, const std::string& name) {
+  if (name == "float32") return HEADSUM_F32;
+  if (name == "float16") return HEADSUM_F16;
+  if (name == "bfloat16") return HEADSUM_BF16;
+  Invalid(std::string(arg) + ": expected \"float32\", \"float16\" or \"bfloat16\", got \"" +
+          name + "\"");
+}
+
+class KvCache {
+ public:
+  KvCache(headsum_kv_cache* cache, int64_t batch, int64_t capacity)
+      : cache_(cache), batch_(batch), capacity_(capacity) {}
+  ~KvCache() { headsum_kv_cache_free(cache_); }
+  KvCache(const KvCache&) = delete;
+  KvCache& operator=(const KvCache&) = delete;
+
+  int64_t Length() const { return headsum_kv_cache_length(cache_); }
+  void Reset() {
+    Claim claim(*this);
+    headsum_kv_cache_reset(cache_);
+  }
+  void Truncate(int64_t length) {
+    Claim claim(*this);
+    Check(headsum_kv_cache_truncate(cache_, length));
+  }
+
+  // A cache serves one call at a time (the GIL is released during calls).
+  struct Claim {
+    explicit Claim(KvCache& c) : cache(c) {
+      if (cache.busy_.exchange(true)) {
+        Raise(PyExc_RuntimeError, "cache: in use by another call (a cache serves one call at a time)");
+      }
+    }
+    ~Claim() { cache.busy_.store(false); }
+    KvCache& cache;
+  };
+
+  headsum_kv_cache* cache_;
+  int64_t batch_, capacity_;
+  std::atomic<bool> busy_{false};
+};
+
+class Layer {
+ public:
+  Layer(nb::handle wq_, nb::handle wk_, nb::handle wv_, nb::handle wo_, int64_t heads,
+        std::optional<int64_t> kv_heads, bool causal, double rope_theta, nb::handle bq_,
+        nb::handle bk_, nb::handle bv_, nb::handle bo_, const std::string& weight_dtype,
+        const std::string& cache_dtype) {
+    if (heads < 1) Invalid("heads: must be >= 1, got " + std::to_string(heads));
+    const Array wq = Import(wq_, "wq", 2, 2, "[Dm][H*L]");
+    if (wq.dim(1) % heads != 0) {
+      Invalid("wq: expected shape [Dm][H*L] with H=" + std::to_string(heads) +
+              " dividing its columns, got " + wq.shape_str());
+    }
+    const int64_t Dm = wq.dim(0), L = wq.dim(1) / heads;
+    const int64_t Hkv = kv_heads ? *kv_heads : heads;
+    if (Hkv < 1 || heads % Hkv != 0) {
+      Invalid("kv_heads: must divide heads=" + std::to_string(heads) + ", got " +
+              std::to_string(Hkv));
+    }
+    const std::string kv_cols = std::to_string(Hkv * L);
+    const std::string kv_layout = "[Dm=" + std::to_string(Dm) + "][Hkv*L=" + kv_cols + "]";
+    const Array wk = Import(wk_, "wk", 2, 2, kv_layout.c_str());
+    const Array wv = Import(wv_, "wv", 2, 2, kv_layout.c_str());
+    for (const Array* w : {&wk, &wv}) {
+      if (w->dim(0) != Dm || w->dim(1) != Hkv * L) {
+        Invalid(std::string(w->name) + ": expected shape " + kv_layout + ", got " + w->shape_str());
+      }
+    }
+    const std::string wo_layout =
+        "[H*L=" + std::to_string(heads * L) + "][Dm=" + std::to_string(Dm) + "]";
+    const Array wo = Import(wo_, "wo", 2, 2, wo_layout.c_str());
+    if (wo.dim(0) != heads * L || wo.dim(1) != Dm) {
+      Invalid("wo: expected shape " + wo_layout + ", got " + wo.shape_str());
+    }
+    const std::string q_len = "[H*L=" + std::to_string(heads * L) + "]";
+    const std::string kv_len = "[Hkv*L=" + kv_cols + "]";
+    const std::string d_len = "[Dm=" + std::to_string(Dm) + "]";
+    const std::optional<Array> bq = ImportVector(bq_, "bq", q_len.c_str(), heads * L);
+    const std::optional<Array> bk = ImportVector(bk_, "bk", kv_len.c_str(), Hkv * L);
+    const std::optional<Array> bv = ImportVector(bv_, "bv", kv_len.c_str(), Hkv * L);
+    const std::optional<Array> bo = ImportVector(bo_, "bo", d_len.c_str(), Dm);
+    config_ = headsum_mha_config{Dm,
+                                 heads,
+                                 Hkv,
+                                 L,
+                                 causal ? 1 : 0,
+                                 static_cast<float>(rope_theta),
+                                 StorageDtype("weight_dtype", weight_dtype),
+                                 StorageDtype("cache_dtype", cache_dtype)};
+    headsum_status status;
+    {
+      nb::gil_scoped_release release;
+      std::vector<float> b[8];
+      auto staged = [&](const std::optional<Array>& a, std::vector<float>& buf) {
+        return a ? StageF32(*a, buf) : nullptr;
+      };
+      status = headsum_mha_create(&config_, StageF32(wq, b[0]), StageF32(wk, b[1]),
+                                  StageF32(wv, b[2]), StageF32(wo, b[3]), staged(bq, b[4]),
+                                  staged(bk, b[5]), staged(bv, b[6]), staged(bo, b[7]), &mha_);
+    }
+    Check(status);
+  }
+  ~Layer() { headsum_mha_free(mha_); }
+  Layer(const Layer&) = delete;
+  Layer& operator=(const Layer&) = delete;
+
+  KvCache* NewCache(int64_t batch, int64_t capacity) {
+    headsum_kv_cache* cache = nullptr;
+    headsum_status status;
+    {
+      nb::gil_scoped_release release;
+      status = headsum_kv_cache_create(mha_, batch, capacity, &cache);
+    }
+    Check(status);
+    return new KvCache(cache, batch, capacity);
+  }
+
+  nb::object Forward(nb::handle x_, KvCache* cache, nb::handle out_) const {
+    const std::string layout = "[B][S][Dm=" + std::to_string(config_.model_dim) + "]";
+    const Array x = Import(x_, "x", 3, 3, layout.c_str());
+    if (x.dim(2) != config_.model_dim) {
+      Invalid("x: expected shape " + layout + ", got " + x.shape_str());
+    }
+    const int64_t B = x.dim(0), S = x.dim(1);
+    Output out;
+    const bool in_place = !out_.is_none() && out_.ptr() == x_.ptr();
+    if (in_place) {  // y may be x: the C API reads x before writing y
+      out.array = Import(out_, "out", 3, 3, layout.c_str(), true);
+      out.object = nb::borrow(out_);
+    } else {
+      out = MakeOutput(out_, x, HEADSUM_F32, {B, S, config_.model_dim}, "[B][S][Dm]", {&x});
+    }
+    std::optional<KvCache::Claim> claim;
+    if (cache) claim.emplace(*cache);
+    headsum_status status;
+    {
+      nb::gil_scoped_release release;
+      std::vector<float> xb, yb;
+      const float* xp = StageF32(x, xb);
+      float* yp = OutputF32(out.array, yb);
+      status = headsum_mha_forward(mha_, cache ? cache->cache_ : nullptr, B, S, xp, yp);
+      if (status == HEADSUM_OK) Unstage(yp, out.array);
+    }
+    Check(status);
+    return out.object;
+  }
+
+  headsum_mha_config config_;
+  headsum_mha* mha_ = nullptr;
+};
+
+// ---------------------------------------------------------------------------
 // Dispatch and threads
 
 void SetTarget(std::optional<std::string> name) {
@@ -898,6 +1053,54 @@ converted once to a contiguous float32 copy.)")
       .def_ro("head_dim", &AttributionBasis::head_dim_, "L")
       .def_ro("model_dim", &AttributionBasis::model_dim_, "D")
       .def_ro("n_directions", &AttributionBasis::n_directions_, "R");
+
+  nb::class_<KvCache>(m, "KVCache",
+                      R"(A layer's KV cache: K (after RoPE) and V of up to `capacity` tokens for
+`batch` sequences, in the layer's cache_dtype.  Made by MHA.new_cache; one
+call at a time uses it.)")
+      .def_ro("batch", &KvCache::batch_)
+      .def_ro("capacity", &KvCache::capacity_)
+      .def_prop_ro("length", &KvCache::Length, "Tokens held.")
+      .def("__len__", &KvCache::Length)
+      .def("reset", &KvCache::Reset, "Hold 0 tokens again.")
+      .def("truncate", &KvCache::Truncate, "length"_a,
+           "Keep the first `length` tokens (a rejected draft, a rewound prompt).");
+
+  nb::class_<Layer>(m, "MHA",
+                    R"(MHA(wq, wk, wv, wo, heads=8, kv_heads=None, causal=True, rope_theta=0.0,
+    bq=None, bk=None, bv=None, bo=None, weight_dtype="float32",
+    cache_dtype="float32")
+
+The whole attention layer: x -> x @ [Wq Wk Wv] (+ biases) -> rotary
+positions on Q and K (rope_theta > 0; rotate-half, as Llama) -> attention
+(GQA when kv_heads < heads) -> y = sum_h O_h @ Wo[h] + bo.
+
+wq [Dm][H*L]   wk, wv [Dm][Hkv*L]   wo [H*L][Dm]   bq [H*L]   bk, bv [Hkv*L]
+bo [Dm]; L is wq's columns / heads.  The weights are copied (rounded to
+weight_dtype) and packed: the arrays may change or go after.
+mha(x, cache=None, *, out=None) -> y [B][S][Dm] float32 for x [B][S][Dm]:
+with a cache (mha.new_cache(batch, capacity)) the S tokens follow the ones
+it holds (positions len .. len+S-1) and are appended; without one, x
+attends to itself.  x is read in place when float32 C-contiguous (else
+converted once); out may be x itself.  The GIL is released during the
+call.)")
+      .def(nb::init<nb::handle, nb::handle, nb::handle, nb::handle, int64_t,
+                    std::optional<int64_t>, bool, double, nb::handle, nb::handle, nb::handle,
+                    nb::handle, const std::string&, const std::string&>(),
+           "wq"_a.none(), "wk"_a.none(), "wv"_a.none(), "wo"_a.none(), "heads"_a = 8,
+           "kv_heads"_a = nb::none(), "causal"_a = true, "rope_theta"_a = 0.0,
+           "bq"_a = nb::none(), "bk"_a = nb::none(), "bv"_a = nb::none(), "bo"_a = nb::none(),
+           "weight_dtype"_a = "float32", "cache_dtype"_a = "float32")
+      .def("__call__", &Layer::Forward, "x"_a.none(), "cache"_a = nb::none(), nb::kw_only(),
+           "out"_a = nb::none(), "y [B][S][Dm] (float32) for x [B][S][Dm].")
+      .def("new_cache", &Layer::NewCache, "batch"_a = 1, "capacity"_a = 4096,
+           nb::keep_alive<0, 1>(), "A KV cache for `batch` sequences of up to `capacity` tokens.")
+      .def_prop_ro("model_dim", [](const Layer& l) { return l.config_.model_dim; })
+      .def_prop_ro("heads", [](const Layer& l) { return l.config_.heads; })
+      .def_prop_ro("kv_heads", [](const Layer& l) { return l.config_.kv_heads; })
+      .def_prop_ro("head_dim", [](const Layer& l) { return l.config_.head_dim; })
+      .def_prop_ro("causal", [](const Layer& l) { return l.config_.causal != 0; })
+      .def_prop_ro("rope_theta", [](const Layer& l) { return l.config_.rope_theta; });
 
   m.def("set_target", &SetTarget, "name"_a = nb::none(),
         R"(set_target(name=None)

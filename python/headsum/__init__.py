@@ -17,7 +17,9 @@ call; MemoryError: out of memory.  The GIL is released while kernels run.
 """
 
 from ._headsum import (
+    MHA,
     AttributionBasis,
+    KVCache,
     __version__,
     active_target,
     attention,
@@ -31,7 +33,9 @@ from ._headsum import (
 )
 
 __all__ = [
+    "MHA",
     "AttributionBasis",
+    "KVCache",
     "__version__",
     "active_target",
     "attention",
