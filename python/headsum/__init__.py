@@ -9,6 +9,9 @@ be gated, measured and attributed without materializing [B][S][H][D].
     y = headsum.project_heads_sum(o, wo)            # wo [H*L][D] -> y [B][S][D]
     a = headsum.head_attribution(o, wo, direction)  # [B][S][H]: who writes along it
     y_ablated = headsum.project_heads_sum(o, wo, gates=gates)
+    mha = headsum.MHA(wq, wk, wv, wo, heads=8, rope_theta=10000.0)  # the whole layer
+    cache = mha.new_cache(batch=1, capacity=4096)
+    y = mha(x, cache)                               # x, y [B][S][Dm]
 
 Arrays are NumPy float32/float16 arrays or DLPack tensors (PyTorch float32,
 float16, bfloat16) on the CPU, read in place; see each function's docstring.

@@ -63,6 +63,53 @@ class AttributionBasis:
     def __call__(self, o: ArrayLike, *, out: Optional[ArrayLike] = None) -> ArrayLike:
         """A [B][S][H][R] (or [B][S][H]) for o [B][H][S][L]."""
 
+class KVCache:
+    """A layer's KV cache (MHA.new_cache): K after RoPE and V of up to
+    `capacity` tokens for `batch` sequences."""
+
+    batch: int
+    capacity: int
+    @property
+    def length(self) -> int: ...
+    def __len__(self) -> int: ...
+    def reset(self) -> None: ...
+    def truncate(self, length: int) -> None: ...
+
+class MHA:
+    """The whole attention layer: x @ [Wq Wk Wv] (+ biases), RoPE, attention
+    (GQA), y = sum_h O_h Wo[h] + bo.  wq [Dm][H*L], wk/wv [Dm][Hkv*L],
+    wo [H*L][Dm]."""
+
+    model_dim: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    causal: bool
+    rope_theta: float
+    def __init__(
+        self,
+        wq: ArrayLike,
+        wk: ArrayLike,
+        wv: ArrayLike,
+        wo: ArrayLike,
+        heads: int = 8,
+        kv_heads: Optional[int] = None,
+        causal: bool = True,
+        rope_theta: float = 0.0,
+        bq: Optional[ArrayLike] = None,
+        bk: Optional[ArrayLike] = None,
+        bv: Optional[ArrayLike] = None,
+        bo: Optional[ArrayLike] = None,
+        weight_dtype: str = "float32",
+        cache_dtype: str = "float32",
+    ) -> None: ...
+    def __call__(
+        self, x: ArrayLike, cache: Optional[KVCache] = None, *, out: Optional[ArrayLike] = None
+    ) -> ArrayLike:
+        """y [B][S][Dm] (float32) for x [B][S][Dm]; with a cache, the tokens
+        follow those it holds and are appended."""
+    def new_cache(self, batch: int = 1, capacity: int = 4096) -> KVCache: ...
+
 def set_target(name: Optional[str] = None) -> None: ...
 def active_target() -> str: ...
 def compiled_targets() -> list[str]: ...
