@@ -38,7 +38,8 @@ def test_project_heads_sum(rng, shape, dtype):
     o, wo = make(rng, *shape, dtype=dtype)
     bias = rng.standard_normal(D).astype(np.float32)
     gates = rng.uniform(-1, 2, H).astype(np.float32)
-    for b, g in [(None, None), (bias, None), (None, gates), (bias, gates)]:
+    bias16, gates16 = bias.astype(np.float16), gates.astype(np.float16)  # converted: D, H values
+    for b, g in [(None, None), (bias, None), (None, gates), (bias, gates), (bias16, None), (bias16, gates16)]:
         y = headsum.project_heads_sum(o, wo, b, g)
         assert y.dtype == dtype and y.shape == (B, S, D)
         ref, bound = project_ref(f64(o), f64(wo), None if b is None else f64(b), None if g is None else f64(g))
