@@ -205,6 +205,7 @@ headsum_status headsum_head_attribution(const headsum_proj_shape* shape, const f
 struct headsum_wo_packed {
   int64_t heads, head_dim, model_dim;
   hwy::AlignedFreeUniquePtr<float[]> data;  // panels, kernels/shapes.h: kWoPanelCols
+  headsum::DType dtype = headsum::DType::kF32;  // of the panels' elements
 };
 
 namespace {
@@ -273,6 +274,12 @@ headsum_status headsum_project_heads_sum_packed(const headsum_proj_shape* shape,
   HEADSUM_CHECK(CheckSameWeights(fn, "packed Wo", shape, wo->heads, wo->head_dim,
                                  wo->model_dim));
   return Guarded(fn, [&] {
+    if (wo->dtype != headsum::DType::kF32) {
+      return Reported(fn, ChainedSum(p, headsum::ContiguousF32(heads, p.heads, p.seq,
+                                                               p.head_dim),
+                                     WoSource{wo->data.get(), wo->dtype, 0, true}, bias,
+                                     ContiguousYF32(p, y)));
+    }
     return Reported(fn, ProjectHeadsSumPacked(p, heads, wo->data.get(), bias, y));
   });
 }
@@ -427,6 +434,164 @@ headsum_status headsum_attention_onednn(const headsum_attn_shape* shape, const f
 #else
   return NoOneDnn(fn);
 #endif
+}
+
+}  // extern "C"
+
+// ---------------------------------------------------------------------------
+// The tensor API: strided views of f32, f16 or bf16.
+
+namespace {
+
+using headsum::DType;
+using headsum::TensorView;
+
+constexpr bool kAllStrides[3] = {true, true, true};
+// Wo uses only its row stride; Y its b and s strides.
+constexpr bool kRowStrideOnly[3] = {false, false, true};
+constexpr bool kNoHeadStride[3] = {true, false, true};
+
+ByteRange BiasRange(const float* bias, size_t model_dim) {
+  ByteRange r;
+  r.lo = reinterpret_cast<uintptr_t>(bias);
+  r.hi = r.lo + model_dim * sizeof(float) - 1;
+  return r;
+}
+
+// The projection's operands on views, checked: heads, y and (unless packed)
+// wo, each against its extents, y against every input.
+headsum_status CheckProjectionViews(const char* fn, const headsum_proj_shape* shape,
+                                    const headsum_tensor* heads, const headsum_tensor* wo,
+                                    const float* bias, const headsum_tensor* y,
+                                    TensorView* o_view, TensorView* wo_view,
+                                    TensorView* y_view, ByteRange* wo_range) {
+  const int64_t o_dims[4] = {shape->batch, shape->heads, shape->seq, shape->head_dim};
+  const int64_t wo_dims[4] = {1, 1, shape->heads * shape->head_dim, shape->model_dim};
+  const int64_t y_dims[4] = {shape->batch, 1, shape->seq, shape->model_dim};
+  ByteRange o_range, y_range;
+  HEADSUM_CHECK(CheckTensor(fn, "heads", heads, o_dims, kAllStrides, false, o_view, &o_range));
+  if (wo != nullptr) {
+    HEADSUM_CHECK(CheckTensor(fn, "wo", wo, wo_dims, kRowStrideOnly, false, wo_view, wo_range));
+  }
+  HEADSUM_CHECK(CheckTensor(fn, "y", y, y_dims, kNoHeadStride, true, y_view, &y_range));
+  y_view->sh = 0;
+  HEADSUM_CHECK(CheckDisjoint(fn, "y", y_range, "heads", o_range));
+  if (wo != nullptr) HEADSUM_CHECK(CheckDisjoint(fn, "y", y_range, "wo", *wo_range));
+  if (bias != nullptr) {
+    HEADSUM_CHECK(CheckDisjoint(fn, "y", y_range, "bias",
+                                BiasRange(bias, static_cast<size_t>(shape->model_dim))));
+  }
+  return HEADSUM_OK;
+}
+
+}  // namespace
+
+extern "C" {
+
+headsum_status headsum_attention_tensors(const headsum_attn_shape* shape,
+                                         const headsum_tensor* q, const headsum_tensor* k,
+                                         const headsum_tensor* v, const headsum_tensor* out) {
+  static const char* fn = "headsum_attention_tensors";
+  AttnDims a;
+  HEADSUM_CHECK(CheckAttnShape(fn, shape, &a));
+  const int64_t kv_heads = static_cast<int64_t>(a.kv_heads);
+  const int64_t q_dims[4] = {shape->batch, shape->heads, shape->seq_q, shape->head_dim};
+  const int64_t kv_dims[4] = {shape->batch, kv_heads, shape->seq_kv, shape->head_dim};
+  headsum::AttnViews views;
+  ByteRange q_range, k_range, v_range, out_range;
+  HEADSUM_CHECK(CheckTensor(fn, "q", q, q_dims, kAllStrides, false, &views.q, &q_range));
+  HEADSUM_CHECK(CheckTensor(fn, "k", k, kv_dims, kAllStrides, false, &views.k, &k_range));
+  HEADSUM_CHECK(CheckTensor(fn, "v", v, kv_dims, kAllStrides, false, &views.v, &v_range));
+  HEADSUM_CHECK(CheckTensor(fn, "out", out, q_dims, kAllStrides, true, &views.out, &out_range));
+  HEADSUM_CHECK(CheckDisjoint(fn, "out", out_range, "q", q_range));
+  HEADSUM_CHECK(CheckDisjoint(fn, "out", out_range, "k", k_range));
+  HEADSUM_CHECK(CheckDisjoint(fn, "out", out_range, "v", v_range));
+  return Guarded(fn, [&] { return Reported(fn, Attention(a, views)); });
+}
+
+headsum_status headsum_project_heads_sum_tensors(const headsum_proj_shape* shape,
+                                                 const headsum_tensor* heads,
+                                                 const headsum_tensor* wo, const float* bias,
+                                                 const headsum_tensor* y) {
+  static const char* fn = "headsum_project_heads_sum_tensors";
+  ProjDims p;
+  HEADSUM_CHECK(CheckProjShape(fn, shape, &p));
+  HEADSUM_CHECK(CheckPointer(fn, "wo", wo));
+  TensorView o_view, wo_view, y_view;
+  ByteRange wo_range;
+  HEADSUM_CHECK(CheckProjectionViews(fn, shape, heads, wo, bias, y, &o_view, &wo_view, &y_view,
+                                     &wo_range));
+  return Guarded(fn, [&] {
+    return Reported(fn, ChainedSum(p, o_view, WoSource{wo_view.data, wo_view.dtype, wo_view.ss,
+                                                       false},
+                                   bias, y_view));
+  });
+}
+
+headsum_status headsum_wo_pack_tensor(const headsum_proj_shape* shape,
+                                      const headsum_tensor* wo, headsum_wo_packed** packed) {
+  static const char* fn = "headsum_wo_pack_tensor";
+  ProjDims p;
+  HEADSUM_CHECK(CheckProjShape(fn, shape, &p));
+  HEADSUM_CHECK(CheckPointer(fn, "packed", packed));
+  const int64_t wo_dims[4] = {1, 1, shape->heads * shape->head_dim, shape->model_dim};
+  TensorView wo_view;
+  ByteRange wo_range;
+  HEADSUM_CHECK(CheckTensor(fn, "wo", wo, wo_dims, kRowStrideOnly, false, &wo_view, &wo_range));
+  const size_t elements = p.inner() * p.model_dim;
+  const size_t floats = wo_view.dtype == DType::kF32 ? elements : (elements + 1) / 2;
+  return Guarded(fn, [&] {
+    auto* made = new (std::nothrow) headsum_wo_packed{shape->heads, shape->head_dim,
+                                                      shape->model_dim, AllocateFloats(floats),
+                                                      wo_view.dtype};
+    return HandOut(fn, "the packed Wo", made, [&](float* panels) {
+      return PackWo(p, WoSource{wo_view.data, wo_view.dtype, wo_view.ss, false}, panels);
+    }, packed);
+  });
+}
+
+headsum_status headsum_project_heads_sum_packed_tensors(const headsum_proj_shape* shape,
+                                                        const headsum_tensor* heads,
+                                                        const headsum_wo_packed* wo,
+                                                        const float* bias,
+                                                        const headsum_tensor* y) {
+  static const char* fn = "headsum_project_heads_sum_packed_tensors";
+  ProjDims p;
+  HEADSUM_CHECK(CheckProjShape(fn, shape, &p));
+  HEADSUM_CHECK(CheckPointer(fn, "wo", wo));
+  HEADSUM_CHECK(CheckSameWeights(fn, "packed Wo", shape, wo->heads, wo->head_dim,
+                                 wo->model_dim));
+  TensorView o_view, y_view;
+  HEADSUM_CHECK(CheckProjectionViews(fn, shape, heads, nullptr, bias, y, &o_view, nullptr,
+                                     &y_view, nullptr));
+  // The packed panels are the library's own memory: y cannot be in them
+  // unless the caller wrote into a freed handle.
+  return Guarded(fn, [&] {
+    return Reported(fn, ChainedSum(p, o_view, WoSource{wo->data.get(), wo->dtype, 0, true},
+                                   bias, y_view));
+  });
+}
+
+headsum_status headsum_convert(const int64_t dims[4], const headsum_tensor* src,
+                               const headsum_tensor* dst) {
+  static const char* fn = "headsum_convert";
+  HEADSUM_CHECK(CheckPointer(fn, "dims", dims));
+  for (int i = 0; i < 4; ++i) {
+    if (dims[i] < 1) {
+      return Fail(HEADSUM_ERR_INVALID_ARGUMENT, fn, "dims[%d] = %lld must be >= 1", i,
+                  static_cast<long long>(dims[i]));
+    }
+  }
+  uint64_t n;
+  HEADSUM_CHECK(CheckElements(fn, "dims", &n, dims[0], dims[1], dims[2], dims[3]));
+  TensorView src_view, dst_view;
+  ByteRange src_range, dst_range;
+  HEADSUM_CHECK(CheckTensor(fn, "src", src, dims, kAllStrides, false, &src_view, &src_range));
+  HEADSUM_CHECK(CheckTensor(fn, "dst", dst, dims, kAllStrides, true, &dst_view, &dst_range));
+  HEADSUM_CHECK(CheckDisjoint(fn, "dst", dst_range, "src", src_range));
+  const size_t d[4] = {static_cast<size_t>(dims[0]), static_cast<size_t>(dims[1]),
+                       static_cast<size_t>(dims[2]), static_cast<size_t>(dims[3])};
+  return Guarded(fn, [&] { return Reported(fn, Convert(d, src_view, dst_view)); });
 }
 
 }  // extern "C"

@@ -25,6 +25,7 @@ HWY_EXPORT(FlashAttentionRows);
 HWY_EXPORT(AttentionScratch);
 HWY_EXPORT(PartialFloats);
 HWY_EXPORT(MergeKeySplits);
+HWY_EXPORT(MergeScratch);
 
 namespace dispatch {
 namespace {
@@ -88,8 +89,17 @@ constexpr size_t kKeySplit = 512;
 
 headsum_status Attention(const AttnDims& a, const float* q, const float* k, const float* v,
                          float* out) {
+  AttnViews views;
+  views.q = ContiguousF32(q, a.heads, a.seq_q, a.head_dim);
+  views.k = ContiguousF32(k, a.kv_heads, a.seq_kv, a.head_dim);
+  views.v = ContiguousF32(v, a.kv_heads, a.seq_kv, a.head_dim);
+  views.out = ContiguousF32(out, a.heads, a.seq_q, a.head_dim);
+  return Attention(a, views);
+}
+
+headsum_status Attention(const AttnDims& a, const AttnViews& views) {
   // A decode step (Sq = 1) of grouped heads: the query rows of the heads that
-  // share a kv head are adjacent in Q and O ([B][H][1][L]), so each group is
+  // share a kv head are one head stride apart in Q and O, so each group is
   // one head of `group` rows over its keys, all of which every row sees.
   // Each K/V row is then read once per group, not once per query head.
   if (a.seq_q == 1 && a.group() > 1) {
@@ -97,18 +107,23 @@ headsum_status Attention(const AttnDims& a, const float* q, const float* k, cons
     grouped.heads = a.kv_heads;
     grouped.seq_q = a.group();
     grouped.causal = false;
-    return Attention(grouped, q, k, v, out);
+    AttnViews g = views;
+    g.q.ss = views.q.sh;
+    g.q.sh = views.q.sh * a.group();
+    g.out.ss = views.out.sh;
+    g.out.sh = views.out.sh * a.group();
+    return Attention(grouped, g);
   }
   const size_t t = TableIndex(ActiveTarget());
   const auto kernel = HWY_DISPATCH_TABLE(FlashAttentionRows)[t];
-  const size_t scratch = HWY_DISPATCH_TABLE(AttentionScratch)[t](a);
+  const size_t scratch = HWY_DISPATCH_TABLE(AttentionScratch)[t](a, views);
   const RowBlocks blocks{a, kAttentionQueryBlock};
   const size_t splits = a.seq_q <= kAttentionQueryBlock && a.seq_kv >= 2 * kKeySplit
                             ? (a.seq_kv + kKeySplit - 1) / kKeySplit : 1;
   if (splits == 1) {
     return ParallelItems(blocks.count(), scratch, [&](size_t item, float* scratch) {
       blocks.Run(item, [&](size_t b, size_t h, size_t i0, size_t i1) {
-        kernel(a, q, k, v, out, b, h, i0, i1, 0, a.seq_kv, nullptr, scratch);
+        kernel(a, views, b, h, i0, i1, 0, a.seq_kv, nullptr, scratch);
       });
     });
   }
@@ -128,15 +143,15 @@ headsum_status Attention(const AttnDims& a, const float* q, const float* k, cons
         const size_t b = bg / a.kv_heads, h = (bg % a.kv_heads) * group + in_group;
         const size_t bh = b * a.heads + h;
         const size_t key_end = HWY_MIN((c + 1) * kKeySplit, a.seq_kv);
-        kernel(a, q, k, v, out, b, h, 0, a.seq_q, c * kKeySplit, key_end,
+        kernel(a, views, b, h, 0, a.seq_q, c * kKeySplit, key_end,
                partials.get() + (bh * splits + c) * per_split, scratch);
       })) {
     return s;
   }
   const auto merge = HWY_DISPATCH_TABLE(MergeKeySplits)[t];
-  return ParallelItems(heads, 0, [&](size_t bh, float*) {
-    merge(a, partials.get() + bh * splits * per_split, splits, out, bh / a.heads, bh % a.heads,
-          0, a.seq_q);
+  return ParallelItems(heads, HWY_DISPATCH_TABLE(MergeScratch)[t](a), [&](size_t bh, float* scratch) {
+    merge(a, partials.get() + bh * splits * per_split, splits, views.out, bh / a.heads,
+          bh % a.heads, 0, a.seq_q, scratch);
   });
 }
 

@@ -16,6 +16,8 @@ headsum_status QkScores(const AttnDims& a, const float* q, const float* k, float
 headsum_status SoftmaxV(const AttnDims& a, const float* scores, const float* v, float* out);
 headsum_status Attention(const AttnDims& a, const float* q, const float* k, const float* v,
                          float* out);
+// Attention on validated strided views of any dtype.
+headsum_status Attention(const AttnDims& a, const AttnViews& views);
 
 // y and per_head may each be null (not both); bias, head_gates may be null.
 headsum_status ProjectHeadsSum(const ProjDims& p, const float* heads, const float* wo,
@@ -23,6 +25,30 @@ headsum_status ProjectHeadsSum(const ProjDims& p, const float* heads, const floa
                                float* per_head);
 // packed [D / kWoPanelCols panels][H*L][panel width] (kernels/shapes.h).
 headsum_status PackWo(const ProjDims& p, const float* wo, float* packed);
+
+// Wo as the chained sum reads it: rows of [H*L][D] `stride` elements apart,
+// or packed panels (headsum_wo_pack), in its dtype.
+struct WoSource {
+  const void* data;
+  DType dtype;
+  size_t stride;  // elements between rows (unpacked)
+  bool packed;
+};
+// packed: Wo's panels in its own dtype.
+headsum_status PackWo(const ProjDims& p, const WoSource& wo, void* packed);
+// Y = bias + sum_h O_h Wo[h] on views (O [B][H][S][L], Y [B][S][D] with
+// its b and s strides) of any dtype.
+headsum_status ChainedSum(const ProjDims& p, const TensorView& heads, const WoSource& wo,
+                          const float* bias, const TensorView& y);
+inline TensorView ContiguousYF32(const ProjDims& p, float* y) {
+  TensorView t;
+  t.data = y;
+  t.dtype = DType::kF32;
+  t.sb = p.seq * p.model_dim;
+  t.sh = 0;
+  t.ss = p.model_dim;
+  return t;
+}
 // Y = bias + sum_h O_h Wo[h] from packed Wo: the same arithmetic (bitwise)
 // as ProjectHeadsSum with every gate 1 and no per-head output.
 headsum_status ProjectHeadsSumPacked(const ProjDims& p, const float* heads,
@@ -38,6 +64,9 @@ headsum_status AttributionFromBasis(const ProjDims& p, const float* heads, const
                                     size_t n_directions, float* out);
 headsum_status HeadContributionNorms(const ProjDims& p, const float* heads, const float* wo,
                                      float* out);
+
+// dst = src over [dims[0]][dims[1]][dims[2]][dims[3]], rounded to dst's dtype.
+headsum_status Convert(const size_t dims[4], const TensorView& src, const TensorView& dst);
 
 }  // namespace dispatch
 }  // namespace headsum

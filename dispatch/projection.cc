@@ -18,7 +18,8 @@
 
 namespace headsum {
 HWY_EXPORT(SumHeadsTile);
-HWY_EXPORT(SumHeadsChainTile);
+HWY_EXPORT(ChainTile);
+HWY_EXPORT(ChainScratch);
 HWY_EXPORT(ContributionNormsRows);
 HWY_EXPORT(NormsScratch);
 HWY_EXPORT(ProjectWeightsOntoDirections);
@@ -35,11 +36,9 @@ constexpr size_t kColBlock = 128;
 
 size_t CeilDiv(size_t a, size_t b) { return (a + b - 1) / b; }
 
-// Rows of Y per work item of the chained sum; its items are one Wo panel
-// (kWoPanelCols columns) each, panel-major, so that the threads share one
-// panel in cache while they run down the rows.
-constexpr size_t kChainRowBlock = 64;
-
+// The chained sum's items are one Wo panel (kWoPanelCols columns) by
+// kChainRows rows each, panel-major, so that the threads share one panel in
+// cache while they run down the rows.
 bool EveryGateIsOne(const float* head_gates, size_t heads) {
   if (head_gates == nullptr) return true;
   for (size_t h = 0; h < heads; ++h) {
@@ -48,46 +47,64 @@ bool EveryGateIsOne(const float* head_gates, size_t heads) {
   return true;
 }
 
+}  // namespace
+
 // Y = bias + sum_h O_h Wo[h] with the heads summed in registers, reading
-// Wo in place (packed = false) or from headsum_wo_pack's panels.
-headsum_status ChainedSum(const ProjDims& p, const float* heads, const float* wo, bool packed,
-                          const float* bias, float* y) {
-  const auto kernel = HWY_DISPATCH_TABLE(SumHeadsChainTile)[TableIndex(ActiveTarget())];
-  const size_t row_blocks = CeilDiv(p.seq, kChainRowBlock);
+// Wo in place or from headsum_wo_pack's panels.
+headsum_status ChainedSum(const ProjDims& p, const TensorView& heads, const WoSource& wo,
+                          const float* bias, const TensorView& y) {
+  const size_t t = TableIndex(ActiveTarget());
+  const auto kernel = HWY_DISPATCH_TABLE(ChainTile)[t];
+  const size_t row_blocks = CeilDiv(p.seq, kChainRows);
   const size_t panel_items = p.batch * row_blocks;
-  return ParallelItems(WoPanels(p.model_dim) * panel_items, 0, [&](size_t item, float*) {
+  const size_t bytes = DTypeBytes(wo.dtype);
+  return ParallelItems(WoPanels(p.model_dim) * panel_items,
+                       HWY_DISPATCH_TABLE(ChainScratch)[t](p, heads.dtype, y.dtype),
+                       [&](size_t item, float* scratch) {
     const size_t panel = item / panel_items;
-    const size_t b = item % panel_items / row_blocks, s0 = item % row_blocks * kChainRowBlock;
+    const size_t b = item % panel_items / row_blocks, s0 = item % row_blocks * kChainRows;
     const size_t c0 = panel * kWoPanelCols, c1 = HWY_MIN(c0 + kWoPanelCols, p.model_dim);
-    const float* wo_c0 = packed ? wo + c0 * p.inner() : wo + c0;
-    const size_t ldw = packed ? c1 - c0 : p.model_dim;
-    kernel(p, heads, wo_c0, ldw, bias, y, b, s0, HWY_MIN(s0 + kChainRowBlock, p.seq), c0, c1);
+    const char* base = static_cast<const char*>(wo.data);
+    const void* wo_c0 = wo.packed ? base + c0 * p.inner() * bytes : base + c0 * bytes;
+    const size_t ldw = wo.packed ? c1 - c0 : wo.stride;
+    kernel(p, heads, wo_c0, wo.dtype, ldw, bias, y, b, s0, HWY_MIN(s0 + kChainRows, p.seq), c0,
+           c1, scratch);
   });
 }
 
+namespace {
+
 }  // namespace
 
-headsum_status PackWo(const ProjDims& p, const float* wo, float* packed) {
-  const size_t inner = p.inner(), D = p.model_dim;
+headsum_status PackWo(const ProjDims& p, const WoSource& wo, void* packed) {
+  const size_t inner = p.inner(), D = p.model_dim, bytes = DTypeBytes(wo.dtype);
   return ParallelItems(WoPanels(D), 0, [&](size_t panel, float*) {
     const size_t c0 = panel * kWoPanelCols, width = HWY_MIN(kWoPanelCols, D - c0);
-    float* dst = packed + c0 * inner;
+    char* dst = static_cast<char*>(packed) + c0 * inner * bytes;
+    const char* src = static_cast<const char*>(wo.data) + c0 * bytes;
     for (size_t k = 0; k < inner; ++k) {
-      memcpy(dst + k * width, wo + k * D + c0, width * sizeof(float));
+      memcpy(dst + k * width * bytes, src + k * wo.stride * bytes, width * bytes);
     }
   });
 }
 
+headsum_status PackWo(const ProjDims& p, const float* wo, float* packed) {
+  return PackWo(p, WoSource{wo, DType::kF32, p.model_dim, false}, packed);
+}
+
 headsum_status ProjectHeadsSumPacked(const ProjDims& p, const float* heads,
                                      const float* packed_wo, const float* bias, float* y) {
-  return ChainedSum(p, heads, packed_wo, /*packed=*/true, bias, y);
+  return ChainedSum(p, ContiguousF32(heads, p.heads, p.seq, p.head_dim),
+                    WoSource{packed_wo, DType::kF32, 0, true}, bias, ContiguousYF32(p, y));
 }
 
 headsum_status ProjectHeadsSum(const ProjDims& p, const float* heads, const float* wo,
                                const float* bias, const float* head_gates, float* y,
                                float* per_head) {
   if (per_head == nullptr && EveryGateIsOne(head_gates, p.heads)) {
-    return ChainedSum(p, heads, wo, /*packed=*/false, bias, y);
+    return ChainedSum(p, ContiguousF32(heads, p.heads, p.seq, p.head_dim),
+                      WoSource{wo, DType::kF32, p.model_dim, false}, bias,
+                      ContiguousYF32(p, y));
   }
   const auto kernel = HWY_DISPATCH_TABLE(SumHeadsTile)[TableIndex(ActiveTarget())];
   const ProjectArgs args{heads, wo, bias, head_gates, y, per_head};

@@ -4,6 +4,9 @@
 #include <stdarg.h>
 #include <stdio.h>
 
+#include <string.h>
+
+#include <algorithm>
 #include <cmath>
 #include <initializer_list>
 
@@ -131,6 +134,108 @@ headsum_status CheckProjShape(const char* fn, const headsum_proj_shape* shape,
   dims->head_dim = static_cast<size_t>(shape->head_dim);
   dims->model_dim = static_cast<size_t>(shape->model_dim);
   return HEADSUM_OK;
+}
+
+headsum_status CheckTensor(const char* fn, const char* name, const headsum_tensor* t,
+                           const int64_t dims[4], const bool uses[3], bool is_output,
+                           TensorView* view, ByteRange* range) {
+  if (t == nullptr) return Fail(HEADSUM_ERR_INVALID_ARGUMENT, fn, "%s is NULL", name);
+  if (t->data == nullptr) {
+    return Fail(HEADSUM_ERR_INVALID_ARGUMENT, fn, "%s->data is NULL", name);
+  }
+  // The field may hold any int (a C caller can store one): read it as one.
+  int dtype_value;
+  static_assert(sizeof(t->dtype) == sizeof(int), "headsum_dtype is an int");
+  memcpy(&dtype_value, &t->dtype, sizeof(int));
+  if (dtype_value != HEADSUM_F32 && dtype_value != HEADSUM_F16 && dtype_value != HEADSUM_BF16) {
+    return Fail(HEADSUM_ERR_INVALID_ARGUMENT, fn,
+                "%s->dtype = %d is no headsum_dtype (HEADSUM_F32 = 0, HEADSUM_F16 = 1, "
+                "HEADSUM_BF16 = 2)", name, dtype_value);
+  }
+  const DType dtype = static_cast<DType>(dtype_value);
+  const uint64_t bytes = DTypeBytes(dtype);
+  static const char* kIndex[3] = {"b", "h", "s"};
+  uint64_t strides[4] = {0, 0, 0, 1};
+  for (int i = 0; i < 3; ++i) {
+    if (!uses[i]) continue;
+    if (t->strides[i] < 0) {
+      return Fail(HEADSUM_ERR_INVALID_ARGUMENT, fn,
+                  "%s->strides[%d] (%s) = %" PRId64 " is negative", name, i, kIndex[i],
+                  t->strides[i]);
+    }
+    strides[i] = static_cast<uint64_t>(t->strides[i]);
+  }
+  const uintptr_t base = reinterpret_cast<uintptr_t>(t->data);
+  if (base % bytes != 0) {
+    return Fail(HEADSUM_ERR_INVALID_ARGUMENT, fn,
+                "%s->data = %p is not aligned to its element size (%" PRIu64 " bytes)", name,
+                t->data, bytes);
+  }
+  // Highest element offset: sum_i (dims_i - 1) strides_i, then in bytes.
+  uint64_t last = 0;
+  bool overflow = false;
+  for (int i = 0; i < 4; ++i) {
+    uint64_t term;
+    overflow |= __builtin_mul_overflow(static_cast<uint64_t>(dims[i] - 1), strides[i], &term);
+    overflow |= __builtin_add_overflow(last, term, &last);
+  }
+  uint64_t span;  // bytes from data to the end of the last element
+  overflow |= __builtin_mul_overflow(last, bytes, &span);
+  overflow |= __builtin_add_overflow(span, bytes, &span);
+  uintptr_t end;
+  overflow |= span > static_cast<uint64_t>(PTRDIFF_MAX) ||
+              __builtin_add_overflow(base, static_cast<uintptr_t>(span), &end);
+  if (overflow) {
+    return Fail(HEADSUM_ERR_INVALID_ARGUMENT, fn,
+                "%s: strides {%" PRId64 ", %" PRId64 ", %" PRId64 "} over [%" PRId64
+                "][%" PRId64 "][%" PRId64 "][%" PRId64
+                "] overflow the address arithmetic (the view would pass PTRDIFF_MAX bytes "
+                "or the end of the address space)",
+                name, uses[0] ? t->strides[0] : 0, uses[1] ? t->strides[1] : 0,
+                uses[2] ? t->strides[2] : 0, dims[0], dims[1], dims[2], dims[3]);
+  }
+  if (is_output) {
+    // Injective when the strides nest: in increasing order, each is larger
+    // than the span of the smaller ones (indices of extent 1 take no part).
+    struct Axis { uint64_t stride, extent; int index; };
+    Axis axes[4];
+    int n = 0;
+    for (int i = 0; i < 4; ++i) {
+      if (dims[i] > 1) axes[n++] = {strides[i], static_cast<uint64_t>(dims[i]), i};
+    }
+    std::sort(axes, axes + n, [](const Axis& x, const Axis& y) {
+      return x.stride != y.stride ? x.stride < y.stride : x.index > y.index;
+    });
+    uint64_t inner = 0;  // largest offset the smaller strides reach
+    for (int i = 0; i < n; ++i) {
+      if (axes[i].stride <= inner) {
+        static const char* kName[4] = {"b", "h", "s", "l"};
+        return Fail(HEADSUM_ERR_INVALID_ARGUMENT, fn,
+                    "%s is an output in which two indices reach the same element: index %s "
+                    "(extent %" PRIu64 ") has stride %" PRIu64
+                    ", within the %" PRIu64 " elements the smaller strides span",
+                    name, kName[axes[i].index], axes[i].extent, axes[i].stride, inner + 1);
+      }
+      inner += (axes[i].extent - 1) * axes[i].stride;
+    }
+  }
+  view->data = t->data;
+  view->dtype = dtype;
+  view->sb = static_cast<size_t>(strides[0]);
+  view->sh = static_cast<size_t>(strides[1]);
+  view->ss = static_cast<size_t>(strides[2]);
+  range->lo = base;
+  range->hi = end - 1;
+  return HEADSUM_OK;
+}
+
+headsum_status CheckDisjoint(const char* fn, const char* out_name, const ByteRange& out,
+                             const char* in_name, const ByteRange& in) {
+  if (!out.Meets(in)) return HEADSUM_OK;
+  return Fail(HEADSUM_ERR_INVALID_ARGUMENT, fn,
+              "output %s (bytes [%p, %p]) overlaps input %s (bytes [%p, %p])", out_name,
+              reinterpret_cast<void*>(out.lo), reinterpret_cast<void*>(out.hi), in_name,
+              reinterpret_cast<void*>(in.lo), reinterpret_cast<void*>(in.hi));
 }
 
 }  // namespace dispatch

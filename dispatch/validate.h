@@ -34,6 +34,25 @@ headsum_status CheckProjShape(const char* fn, const headsum_proj_shape* shape,
 headsum_status CheckElements(const char* fn, const char* name, uint64_t* count, int64_t a,
                              int64_t b, int64_t c = 1, int64_t d = 1);
 
+// The bytes a view spans: [lo, hi], both inclusive.
+struct ByteRange {
+  uintptr_t lo = 0, hi = 0;
+  bool Meets(const ByteRange& o) const { return lo <= o.hi && o.lo <= hi; }
+};
+
+// Checks the view `t` of tensor `name` over extents dims[4] = [b][h][s][l]
+// (strides i with uses[i] false are ignored: read as 0) and fills `view`
+// and its byte range.  Rules (DESIGN.md): t and t->data not NULL; a known
+// dtype; used strides >= 0; data aligned to the element size; address
+// arithmetic that does not overflow; an output (is_output) in which no two
+// indices reach the same element.
+headsum_status CheckTensor(const char* fn, const char* name, const headsum_tensor* t,
+                           const int64_t dims[4], const bool uses[3], bool is_output,
+                           TensorView* view, ByteRange* range);
+// An output's bytes must not meet an input's.
+headsum_status CheckDisjoint(const char* fn, const char* out_name, const ByteRange& out,
+                             const char* in_name, const ByteRange& in);
+
 }  // namespace dispatch
 }  // namespace headsum
 

@@ -31,6 +31,7 @@
 #include <cmath>
 #include <limits>
 
+#include "kernels/convert-inl.h"
 #include "kernels/matmul-inl.h"
 #include "kernels/shapes.h"
 
@@ -67,15 +68,24 @@ struct FlashScratch {
   float* bad;     // [ldw] nonzero once a NaN or +inf score was seen
   float* s_row;   // [kDotKeyTile] the dot path's scores
   float* k_t;     // [L][kKeyTile] scale log2(e) K^T of a tile (keys-in-lanes path)
+  float* q_rows;  // [kQueryBlock][L] 16-bit Q rows widened
+  float* k_rows;  // [kDotKeyTile][L] 16-bit K rows of a tile widened
+  float* v_rows;  // [kDotKeyTile][L] 16-bit V rows of a tile widened
 };
 
-inline size_t AttentionScratch(const AttnDims& a) {
-  const size_t ldw = QueryColumns(kQueryBlock);
-  return ldw * a.head_dim + kKeyTile * ldw + kQueryBlock * a.head_dim + 4 * ldw + kDotKeyTile +
-         a.head_dim * kKeyTile;
+// Floats of widened rows a 16-bit operand needs (0 for f32: read in place).
+inline size_t WidenedFloats(const TensorView& t, size_t rows, size_t L) {
+  return t.IsF32() ? 0 : rows * L;
 }
 
-inline FlashScratch CarveFlashScratch(const AttnDims& a, float* scratch) {
+inline size_t AttentionScratch(const AttnDims& a, const AttnViews& v) {
+  const size_t ldw = QueryColumns(kQueryBlock), L = a.head_dim;
+  return ldw * L + kKeyTile * ldw + kQueryBlock * L + 4 * ldw + kDotKeyTile + L * kKeyTile +
+         WidenedFloats(v.q, kQueryBlock, L) + WidenedFloats(v.k, kDotKeyTile, L) +
+         WidenedFloats(v.v, kDotKeyTile, L);
+}
+
+inline FlashScratch CarveFlashScratch(const AttnDims& a, const AttnViews& v, float* scratch) {
   FlashScratch f;
   f.ldw = QueryColumns(kQueryBlock);
   f.q_t = scratch;
@@ -87,8 +97,40 @@ inline FlashScratch CarveFlashScratch(const AttnDims& a, float* scratch) {
   f.bad = f.corr + f.ldw;
   f.s_row = f.bad + f.ldw;
   f.k_t = f.s_row + kDotKeyTile;
+  f.q_rows = f.k_t + a.head_dim * kKeyTile;
+  f.k_rows = f.q_rows + WidenedFloats(v.q, kQueryBlock, a.head_dim);
+  f.v_rows = f.k_rows + WidenedFloats(v.k, kDotKeyTile, a.head_dim);
   return f;
 }
+
+// Rows of K or V of one kv head as the kernels read them: f32 in place
+// (row stride = the view's token stride), or 16-bit rows widened tile by
+// tile into scratch (row stride L).
+struct KvRows {
+  const char* base;  // byte address of row 0
+  DType dtype;
+  size_t stride;     // elements between rows
+  float* widened;    // scratch for a tile's rows (16-bit only)
+
+  // Rows [j0, j0 + n) as f32; *ld receives their row stride in floats.
+  const float* Tile(size_t j0, size_t n, size_t L, size_t* ld) const {
+    if (dtype == DType::kF32) {
+      *ld = stride;
+      return reinterpret_cast<const float*>(base) + j0 * stride;
+    }
+    WidenRows(base + j0 * stride * DTypeBytes(dtype), dtype, stride, n, L, widened, L);
+    *ld = L;
+    return widened;
+  }
+};
+
+// Where FinishRows puts a block's final rows.
+struct OutRows {
+  char* base;  // byte address of row 0
+  DType dtype;
+  size_t stride;  // elements between rows
+  char* Row(size_t r) const { return base + r * stride * DTypeBytes(dtype); }
+};
 
 // The scale of the base-2 scores: s2 = (scale log2(e)) q . k.
 inline float Base2Scale(const AttnDims& a) { return a.scale * 1.44269504088896341f; }
@@ -99,13 +141,13 @@ inline size_t PartialFloats(const AttnDims& a) { return a.head_dim + 2; }
 
 // Final rows (O = acc / l) into out, or partial records (acc, m, l) when
 // partial != nullptr.  bad rows are NaN (m = NaN in a partial record).
-inline void FinishRows(size_t rows, size_t L, const float* HWY_RESTRICT acc,
+inline void FinishRows(size_t rows, size_t L, float* HWY_RESTRICT acc,
                        const float* HWY_RESTRICT m, const float* HWY_RESTRICT l,
-                       const float* HWY_RESTRICT bad, float* HWY_RESTRICT out,
+                       const float* HWY_RESTRICT bad, const OutRows& out,
                        float* HWY_RESTRICT partial) {
   constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
   for (size_t r = 0; r < rows; ++r) {
-    const float* HWY_RESTRICT acc_r = acc + r * L;
+    float* HWY_RESTRICT acc_r = acc + r * L;
     if (partial != nullptr) {
       float* HWY_RESTRICT rec = partial + r * (L + 2);
       ForEachVector(L, [&](auto d, size_t c) { hn::StoreU(hn::LoadU(d, acc_r + c), d, rec + c); });
@@ -115,10 +157,15 @@ inline void FinishRows(size_t rows, size_t L, const float* HWY_RESTRICT acc,
     }
     // l > 0: normal; bad: NaN; l = 0: the row saw no key, zeros.
     const float inv = bad[r] != 0.0f ? kNaN : (l[r] > 0.0f ? 1.0f / l[r] : 0.0f);
-    float* HWY_RESTRICT o_r = out + r * L;
-    ForEachVector(L, [&](auto d, size_t c) {
-      hn::StoreU(hn::Mul(hn::LoadU(d, acc_r + c), hn::Set(d, inv)), d, o_r + c);
-    });
+    if (out.dtype == DType::kF32) {
+      float* HWY_RESTRICT o_r = reinterpret_cast<float*>(out.Row(r));
+      ForEachVector(L, [&](auto d, size_t c) {
+        hn::StoreU(hn::Mul(hn::LoadU(d, acc_r + c), hn::Set(d, inv)), d, o_r + c);
+      });
+    } else {  // 16-bit: the f32 row, rounded once
+      ScaleRow(acc_r, L, inv);
+      StoreRow(acc_r, L, out.Row(r), out.dtype);
+    }
   }
 }
 
@@ -126,8 +173,8 @@ inline void FinishRows(size_t rows, size_t L, const float* HWY_RESTRICT acc,
 // stays in registers: per block of columns, two FMA chains per vector (even
 // and odd keys), added at the end, so acc is read and written once per tile.
 HWY_INLINE void RescaleAddWeightedRows(const float* HWY_RESTRICT p, size_t n,
-                                       const float* HWY_RESTRICT v, size_t L, float corr,
-                                       float* HWY_RESTRICT acc) {
+                                       const float* HWY_RESTRICT v, size_t ldv, size_t L,
+                                       float corr, float* HWY_RESTRICT acc) {
   const hn::ScalableTag<float> d;
   const size_t N = hn::Lanes(d);
   const auto vcorr = hn::Set(d, corr);
@@ -137,16 +184,16 @@ HWY_INLINE void RescaleAddWeightedRows(const float* HWY_RESTRICT p, size_t n,
     auto o0 = hn::Zero(d), o1 = hn::Zero(d), o2 = hn::Zero(d), o3 = hn::Zero(d);
     const float* HWY_RESTRICT v_c = v + c;
     size_t j = 0;
-    for (; j + 2 <= n; j += 2, v_c += 2 * L) {
+    for (; j + 2 <= n; j += 2, v_c += 2 * ldv) {
       const auto pe = hn::Set(d, p[j]), po = hn::Set(d, p[j + 1]);
       e0 = hn::MulAdd(pe, hn::LoadU(d, v_c), e0);
       e1 = hn::MulAdd(pe, hn::LoadU(d, v_c + N), e1);
       e2 = hn::MulAdd(pe, hn::LoadU(d, v_c + 2 * N), e2);
       e3 = hn::MulAdd(pe, hn::LoadU(d, v_c + 3 * N), e3);
-      o0 = hn::MulAdd(po, hn::LoadU(d, v_c + L), o0);
-      o1 = hn::MulAdd(po, hn::LoadU(d, v_c + L + N), o1);
-      o2 = hn::MulAdd(po, hn::LoadU(d, v_c + L + 2 * N), o2);
-      o3 = hn::MulAdd(po, hn::LoadU(d, v_c + L + 3 * N), o3);
+      o0 = hn::MulAdd(po, hn::LoadU(d, v_c + ldv), o0);
+      o1 = hn::MulAdd(po, hn::LoadU(d, v_c + ldv + N), o1);
+      o2 = hn::MulAdd(po, hn::LoadU(d, v_c + ldv + 2 * N), o2);
+      o3 = hn::MulAdd(po, hn::LoadU(d, v_c + ldv + 3 * N), o3);
     }
     if (j < n) {
       const auto pe = hn::Set(d, p[j]);
@@ -166,13 +213,13 @@ HWY_INLINE void RescaleAddWeightedRows(const float* HWY_RESTRICT p, size_t n,
     auto s0 = hn::Zero(dc), s1 = hn::Zero(dc), s2 = hn::Zero(dc), s3 = hn::Zero(dc);
     const float* HWY_RESTRICT v_c = v + c;
     size_t j = 0;
-    for (; j + 4 <= n; j += 4, v_c += 4 * L) {
+    for (; j + 4 <= n; j += 4, v_c += 4 * ldv) {
       s0 = hn::MulAdd(hn::Set(dc, p[j]), hn::LoadU(dc, v_c), s0);
-      s1 = hn::MulAdd(hn::Set(dc, p[j + 1]), hn::LoadU(dc, v_c + L), s1);
-      s2 = hn::MulAdd(hn::Set(dc, p[j + 2]), hn::LoadU(dc, v_c + 2 * L), s2);
-      s3 = hn::MulAdd(hn::Set(dc, p[j + 3]), hn::LoadU(dc, v_c + 3 * L), s3);
+      s1 = hn::MulAdd(hn::Set(dc, p[j + 1]), hn::LoadU(dc, v_c + ldv), s1);
+      s2 = hn::MulAdd(hn::Set(dc, p[j + 2]), hn::LoadU(dc, v_c + 2 * ldv), s2);
+      s3 = hn::MulAdd(hn::Set(dc, p[j + 3]), hn::LoadU(dc, v_c + 3 * ldv), s3);
     }
-    for (; j < n; ++j, v_c += L) s0 = hn::MulAdd(hn::Set(dc, p[j]), hn::LoadU(dc, v_c), s0);
+    for (; j < n; ++j, v_c += ldv) s0 = hn::MulAdd(hn::Set(dc, p[j]), hn::LoadU(dc, v_c), s0);
     const auto sum = hn::Add(hn::Add(s0, s1), hn::Add(s2, s3));
     hn::StoreU(hn::MulAdd(hn::LoadU(dc, acc + c), hn::Set(dc, corr), sum), dc, acc + c);
   };
@@ -183,8 +230,7 @@ HWY_INLINE void RescaleAddWeightedRows(const float* HWY_RESTRICT p, size_t n,
 
 // One query row on dot products (decode): keys [key_begin, key_end).
 inline void FlashAttentionRowByDot(const AttnDims& a, const float* HWY_RESTRICT q_i,
-                                   const float* HWY_RESTRICT k_g, const float* HWY_RESTRICT v_g,
-                                   size_t visible, size_t key_begin, size_t key_end,
+                                   const KvRows& k_g, const KvRows& v_g, size_t visible, size_t key_begin, size_t key_end,
                                    float* HWY_RESTRICT acc, float* m, float* l, float* bad,
                                    float* HWY_RESTRICT s_row) {
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
@@ -193,7 +239,9 @@ inline void FlashAttentionRowByDot(const AttnDims& a, const float* HWY_RESTRICT 
   const float scale2 = Base2Scale(a);
   for (size_t j0 = key_begin; j0 < end; j0 += kDotKeyTile) {
     const size_t nj = end - j0 < kDotKeyTile ? end - j0 : kDotKeyTile;
-    for (size_t j = 0; j < nj; ++j) s_row[j] = scale2 * Dot(q_i, k_g + (j0 + j) * L, L);
+    size_t ldk;
+    const float* HWY_RESTRICT k_tile = k_g.Tile(j0, nj, L, &ldk);
+    for (size_t j = 0; j < nj; ++j) s_row[j] = scale2 * Dot(q_i, k_tile + j * ldk, L);
     const float tile_max = RowMax(s_row, nj);
     if (!(tile_max < std::numeric_limits<float>::infinity())) {  // NaN or +inf
       *bad = 1.0f;
@@ -205,7 +253,9 @@ inline void FlashAttentionRowByDot(const AttnDims& a, const float* HWY_RESTRICT 
     const float tile_sum = ExpShiftedRow</*kBase2=*/true>(s_row, nj, m_new, s_row);
     *l = *l * correction + tile_sum;
     *m = m_new;
-    RescaleAddWeightedRows(s_row, nj, v_g + j0 * L, L, correction, acc);
+    size_t ldv;
+    const float* HWY_RESTRICT v_tile = v_g.Tile(j0, nj, L, &ldv);
+    RescaleAddWeightedRows(s_row, nj, v_tile, ldv, L, correction, acc);
   }
 }
 
@@ -217,8 +267,8 @@ inline void FlashAttentionRowByDot(const AttnDims& a, const float* HWY_RESTRICT 
 // reads each value row once per tile for all the rows.  Rows of S are
 // kKeyTile apart, in s_t.
 inline void FlashAttentionRowsByKeys(const AttnDims& a, const float* HWY_RESTRICT q_blk,
-                                     const float* HWY_RESTRICT k_g,
-                                     const float* HWY_RESTRICT v_g, size_t i0, size_t rows,
+                                     size_t ldq, const KvRows& k_g, const KvRows& v_g,
+                                     size_t i0, size_t rows,
                                      size_t key_begin, size_t key_end, const FlashScratch& f) {
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   const size_t L = a.head_dim, ld = kKeyTile;
@@ -230,9 +280,11 @@ inline void FlashAttentionRowsByKeys(const AttnDims& a, const float* HWY_RESTRIC
   for (size_t j0 = key_begin; j0 < keys_needed; j0 += kKeyTile) {
     const size_t nj = keys_needed - j0 < kKeyTile ? keys_needed - j0 : kKeyTile;
     const size_t cols = RoundUpToVectors(nj, N);  // whole vectors; K^T is zero past nj
-    TransposeScaledPadded(k_g + j0 * L, nj, L, L, scale2, f.k_t, ld, cols);
+    size_t ldk;
+    const float* HWY_RESTRICT k_tile = k_g.Tile(j0, nj, L, &ldk);
+    TransposeScaledPadded(k_tile, nj, L, ldk, scale2, f.k_t, ld, cols);
     // S[r][j] = (scale log2(e) K[j0 + j]) . Q[i0 + r]
-    MatMul(rows, cols, L, q_blk, L, f.k_t, ld, [&](auto d, size_t r, size_t c, auto acc) {
+    MatMul(rows, cols, L, q_blk, ldq, f.k_t, ld, [&](auto d, size_t r, size_t c, auto acc) {
       hn::StoreU(acc, d, f.s_t + r * ld + c);
     });
     for (size_t r = 0; r < rows; ++r) {
@@ -251,7 +303,9 @@ inline void FlashAttentionRowsByKeys(const AttnDims& a, const float* HWY_RESTRIC
       if (corr != 1.0f) ScaleRow(f.acc + r * L, L, corr);
     }
     // acc[r] += sum_{j < keys[r]} P[r][j] V[j0 + j]
-    WeightedSumRagged(rows, L, f.s_t, ld, 1, keys, v_g + j0 * L, f.acc, L, /*accumulate=*/true);
+    size_t ldv;
+    const float* HWY_RESTRICT v_tile = v_g.Tile(j0, nj, L, &ldv);
+    WeightedSumRagged(rows, L, f.s_t, ld, 1, keys, v_tile, ldv, f.acc, L, /*accumulate=*/true);
   }
 }
 
@@ -259,19 +313,28 @@ inline void FlashAttentionRowsByKeys(const AttnDims& a, const float* HWY_RESTRIC
 // [key_begin, key_end).  With partial == nullptr the rows are final and go
 // to out; otherwise each row's (acc[L], m, l) goes to partial[r] for
 // MergeKeySplits.
-inline void FlashAttentionRows(const AttnDims& a, const float* HWY_RESTRICT q,
-                               const float* HWY_RESTRICT k, const float* HWY_RESTRICT v,
-                               float* HWY_RESTRICT out, size_t b, size_t h, size_t i0,
-                               size_t i1, size_t key_begin, size_t key_end,
+inline void FlashAttentionRows(const AttnDims& a, const AttnViews& views, size_t b, size_t h,
+                               size_t i0, size_t i1, size_t key_begin, size_t key_end,
                                float* HWY_RESTRICT partial, float* HWY_RESTRICT scratch) {
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-  const size_t L = a.head_dim, Skv = a.seq_kv, rows = i1 - i0;
+  const size_t L = a.head_dim, rows = i1 - i0;
   const size_t g = h / a.group();
-  const float* HWY_RESTRICT q_blk = q + ((b * a.heads + h) * a.seq_q + i0) * L;
-  const float* HWY_RESTRICT k_g = k + ((b * a.kv_heads + g) * Skv) * L;
-  const float* HWY_RESTRICT v_g = v + ((b * a.kv_heads + g) * Skv) * L;
-  float* HWY_RESTRICT o_blk = out + ((b * a.heads + h) * a.seq_q + i0) * L;
-  const FlashScratch f = CarveFlashScratch(a, scratch);
+  const FlashScratch f = CarveFlashScratch(a, views, scratch);
+  // Q rows in place (f32) or widened (16-bit); K and V tile by tile.
+  const TensorView& vq = views.q;
+  const float* HWY_RESTRICT q_blk;
+  size_t ldq;
+  if (vq.IsF32()) {
+    q_blk = reinterpret_cast<const float*>(vq.Row(b, h, i0));
+    ldq = vq.ss;
+  } else {
+    WidenRows(vq.Row(b, h, i0), vq.dtype, vq.ss, rows, L, f.q_rows, L);
+    q_blk = f.q_rows;
+    ldq = L;
+  }
+  const KvRows k_g{views.k.Row(b, g, 0), views.k.dtype, views.k.ss, f.k_rows};
+  const KvRows v_g{views.v.Row(b, g, 0), views.v.dtype, views.v.ss, f.v_rows};
+  const OutRows o_blk{views.out.Row(b, h, i0), views.out.dtype, views.out.ss};
   const size_t ldw = f.ldw, cols = QueryColumns(rows);
 
   Fill(f.acc, rows * L, 0.0f);
@@ -283,13 +346,13 @@ inline void FlashAttentionRows(const AttnDims& a, const float* HWY_RESTRICT q,
   // Keys in the lanes where a block of query lanes would be half padding;
   // below 4 rows the K^T packing costs more than the dot products it saves.
   if (rows > kDotRows && 2 * rows <= lanes) {
-    FlashAttentionRowsByKeys(a, q_blk, k_g, v_g, i0, rows, key_begin, key_end, f);
+    FlashAttentionRowsByKeys(a, q_blk, ldq, k_g, v_g, i0, rows, key_begin, key_end, f);
     FinishRows(rows, L, f.acc, f.m, f.l, f.bad, o_blk, partial);
     return;
   }
   if (rows <= kDotRows) {
     for (size_t r = 0; r < rows; ++r) {
-      FlashAttentionRowByDot(a, q_blk + r * L, k_g, v_g, a.visible_keys(i0 + r), key_begin,
+      FlashAttentionRowByDot(a, q_blk + r * ldq, k_g, v_g, a.visible_keys(i0 + r), key_begin,
                              key_end, f.acc + r * L, f.m + r, f.l + r, f.bad + r, f.s_row);
     }
     FinishRows(rows, L, f.acc, f.m, f.l, f.bad, o_blk, partial);
@@ -301,7 +364,7 @@ inline void FlashAttentionRows(const AttnDims& a, const float* HWY_RESTRICT q,
   const float scale2 = Base2Scale(a);
   for (size_t l = 0; l < L; ++l) {
     float* HWY_RESTRICT q_t_l = f.q_t + l * ldw;
-    for (size_t r = 0; r < rows; ++r) q_t_l[r] = scale2 * q_blk[r * L + l];
+    for (size_t r = 0; r < rows; ++r) q_t_l[r] = scale2 * q_blk[r * ldq + l];
     for (size_t r = rows; r < cols; ++r) q_t_l[r] = 0.0f;
   }
 
@@ -311,7 +374,9 @@ inline void FlashAttentionRows(const AttnDims& a, const float* HWY_RESTRICT q,
   for (size_t j0 = key_begin; j0 < keys_needed; j0 += kKeyTile) {
     const size_t nj = keys_needed - j0 < kKeyTile ? keys_needed - j0 : kKeyTile;
     // S^T[j][r] = K[j0 + j] . (scale log2(e) Q[i0 + r])
-    MatMul(nj, cols, L, k_g + j0 * L, L, f.q_t, ldw, [&](auto d, size_t j, size_t c, auto acc) {
+    size_t ldk;
+    const float* HWY_RESTRICT k_tile = k_g.Tile(j0, nj, L, &ldk);
+    MatMul(nj, cols, L, k_tile, ldk, f.q_t, ldw, [&](auto d, size_t j, size_t c, auto acc) {
       hn::StoreU(acc, d, f.s_t + j * ldw + c);
     });
     // Keys of this tile each row sees; on the causal diagonal the rest are -inf.
@@ -376,43 +441,57 @@ inline void FlashAttentionRows(const AttnDims& a, const float* HWY_RESTRICT q,
       if (f.corr[r] != 1.0f) ScaleRow(f.acc + r * L, L, f.corr[r]);
     }
     // acc[r] += sum_{j < keys[r]} P^T[j][r] V[j0 + j]
-    WeightedSumRagged(rows, L, f.s_t, 1, ldw, keys, v_g + j0 * L, f.acc, L,
+    size_t ldv;
+    const float* HWY_RESTRICT v_tile = v_g.Tile(j0, nj, L, &ldv);
+    WeightedSumRagged(rows, L, f.s_t, 1, ldw, keys, v_tile, ldv, f.acc, L,
                       /*accumulate=*/true);
   }
   FinishRows(rows, L, f.acc, f.m, f.l, f.bad, o_blk, partial);
 }
 
 // Combines the partials of `splits` key ranges (in their order, so the result
-// does not depend on which thread ran which range) into rows [i0, i1):
+// does not depend on which thread ran which range) into one row:
 //   M = max_c m_c,  O = sum_c 2^(m_c - M) acc_c / sum_c 2^(m_c - M) l_c
-// (m in base 2, as the kernels carry the scores)
-// partials: [splits][i1 - i0][PartialFloats()].  A NaN m marks a NaN row.
-inline void MergeKeySplits(const AttnDims& a, const float* HWY_RESTRICT partials,
-                           size_t splits, float* HWY_RESTRICT out, size_t b, size_t h,
-                           size_t i0, size_t i1) {
+// (m in base 2, as the kernels carry the scores).  rec: the row's record of
+// the first split, the next split's `split_stride` floats further.  A NaN m
+// marks a NaN row.
+inline void MergeKeySplitsRow(size_t L, const float* HWY_RESTRICT rec0, size_t split_stride,
+                              size_t splits, float* HWY_RESTRICT o_r) {
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  float m_all = kNegInf;
+  bool nan = false;
+  for (size_t c = 0; c < splits; ++c) {
+    const float m = rec0[c * split_stride + L];
+    nan |= std::isnan(m);
+    m_all = HWY_MAX(m_all, m);
+  }
+  Fill(o_r, L, nan ? std::numeric_limits<float>::quiet_NaN() : 0.0f);
+  if (nan || m_all == kNegInf) return;  // NaN row, or a row that saw no key
+  float l_all = 0.0f;
+  for (size_t c = 0; c < splits; ++c) {
+    const float* HWY_RESTRICT rec = rec0 + c * split_stride;
+    if (rec[L] == kNegInf) continue;
+    const float weight = std::exp2(rec[L] - m_all);
+    l_all += weight * rec[L + 1];
+    AddScaled(weight, rec, L, o_r);
+  }
+  ScaleRow(o_r, L, 1.0f / l_all);
+}
+
+// scratch of MergeKeySplits: one f32 row (a 16-bit output row before its
+// rounding).
+inline size_t MergeScratch(const AttnDims& a) { return a.head_dim; }
+
+// Rows [i0, i1) of head (b, h) from partials [splits][i1 - i0][PartialFloats()].
+inline void MergeKeySplits(const AttnDims& a, const float* HWY_RESTRICT partials,
+                           size_t splits, const TensorView& out, size_t b, size_t h,
+                           size_t i0, size_t i1, float* HWY_RESTRICT scratch) {
   const size_t L = a.head_dim, rows = i1 - i0, stride = PartialFloats(a);
-  float* HWY_RESTRICT o_blk = out + ((b * a.heads + h) * a.seq_q + i0) * L;
   for (size_t r = 0; r < rows; ++r) {
-    float m_all = kNegInf;
-    bool nan = false;
-    for (size_t c = 0; c < splits; ++c) {
-      const float m = partials[(c * rows + r) * stride + L];
-      nan |= std::isnan(m);
-      m_all = HWY_MAX(m_all, m);
-    }
-    float* HWY_RESTRICT o_r = o_blk + r * L;
-    Fill(o_r, L, nan ? std::numeric_limits<float>::quiet_NaN() : 0.0f);
-    if (nan || m_all == kNegInf) continue;  // NaN row, or a row that saw no key
-    float l_all = 0.0f;
-    for (size_t c = 0; c < splits; ++c) {
-      const float* HWY_RESTRICT rec = partials + (c * rows + r) * stride;
-      if (rec[L] == kNegInf) continue;
-      const float weight = std::exp2(rec[L] - m_all);
-      l_all += weight * rec[L + 1];
-      AddScaled(weight, rec, L, o_r);
-    }
-    ScaleRow(o_r, L, 1.0f / l_all);
+    float* HWY_RESTRICT o_r =
+        out.IsF32() ? reinterpret_cast<float*>(out.Row(b, h, i0 + r)) : scratch;
+    MergeKeySplitsRow(L, partials + r * stride, rows * stride, splits, o_r);
+    if (!out.IsF32()) StoreRow(o_r, L, out.Row(b, h, i0 + r), out.dtype);
   }
 }
 

@@ -17,6 +17,7 @@
 
 #include "hwy/highway.h"
 #include "hwy/contrib/math/math-inl.h"
+#include "kernels/convert-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace headsum {
@@ -73,9 +74,9 @@ struct KSegments {
 // (ka = 1 for a row-major A; ka > 1 reads A transposed, e.g. P^T).
 // then epilogue(d, r, col + v*N, acc[r][v]) for each of them.  Caller
 // guarantees that B holds kVecs full vectors (of `d`) from `col` on.
-template <size_t kRows, size_t kVecs, class D, class Epilogue>
+template <size_t kRows, size_t kVecs, class D, class TB, class Epilogue>
 HWY_INLINE void MicroTile(D d, size_t K, const float* HWY_RESTRICT a, size_t lda,
-                          size_t ka, const float* HWY_RESTRICT b, size_t ldb, size_t col,
+                          size_t ka, const TB* HWY_RESTRICT b, size_t ldb, size_t col,
                           const Epilogue& epilogue, const KSegments& chain = KSegments()) {
   static_assert(1 <= kRows && kRows <= 8, "rows");
   static_assert(1 <= kVecs && kVecs <= 4, "vectors");
@@ -98,14 +99,14 @@ HWY_INLINE void MicroTile(D d, size_t K, const float* HWY_RESTRICT a, size_t lda
   V c60 = i0, c61 = i1, c62 = i2, c63 = i3;
   V c70 = i0, c71 = i1, c72 = i2, c73 = i3;
   for (size_t s = 0; s < chain.segments; ++s) {
-    const float* HWY_RESTRICT bk = b + s * chain.b_step + col;
+    const TB* HWY_RESTRICT bk = b + s * chain.b_step + col;
     const float* HWY_RESTRICT ak = a + s * chain.a_step;
     for (size_t k = 0; k < K; ++k, bk += ldb, ak += ka) {
-      V b0 = hn::LoadU(d, bk);
+      V b0 = LoadF32(d, bk);
       V b1 = b0, b2 = b0, b3 = b0;
-      if constexpr (kVecs > 1) b1 = hn::LoadU(d, bk + N);
-      if constexpr (kVecs > 2) b2 = hn::LoadU(d, bk + 2 * N);
-      if constexpr (kVecs > 3) b3 = hn::LoadU(d, bk + 3 * N);
+      if constexpr (kVecs > 1) b1 = LoadF32(d, bk + N);
+      if constexpr (kVecs > 2) b2 = LoadF32(d, bk + 2 * N);
+      if constexpr (kVecs > 3) b3 = LoadF32(d, bk + 3 * N);
 #define HEADSUM_ROW_FMA(r)                                          \
   if constexpr (kRows > r) {                                        \
     const V ar = hn::Set(d, ak[r * lda]);                           \
@@ -147,9 +148,9 @@ HWY_INLINE void MicroTile(D d, size_t K, const float* HWY_RESTRICT a, size_t lda
 // narrower ones down to one vector, then single lanes (Highway 1.0.3 has no
 // LoadN, and MaskedLoad is a full load on SSE4, so the tail never touches
 // memory past column cols-1).
-template <size_t kRows, size_t kVecs, class Epilogue>
+template <size_t kRows, size_t kVecs, class TB, class Epilogue>
 HWY_INLINE void MatMulRows(size_t cols, size_t K, const float* HWY_RESTRICT a,
-                           size_t lda, size_t ka, const float* HWY_RESTRICT b, size_t ldb,
+                           size_t lda, size_t ka, const TB* HWY_RESTRICT b, size_t ldb,
                            const Epilogue& epilogue, const KSegments& chain) {
   const hn::ScalableTag<float> d;
   const size_t N = hn::Lanes(d);
@@ -178,14 +179,15 @@ HWY_INLINE void MatMulRows(size_t cols, size_t K, const float* HWY_RESTRICT a,
   }
 }
 
-// C = A B for A [rows][K] (row stride lda), B [K][cols] (row stride ldb);
+// C = A B for A [rows][K] (row stride lda), B [K][cols] (row stride ldb;
+// f32, or f16/bf16 widened exactly in registers as it is loaded);
 // epilogue(d, row, col, acc) receives each vector (or single lane) of C.
 // Every element of C is one FMA chain over k in order 0..K-1, whatever tile
 // computed it: results do not depend on how callers split rows or columns.
 // kR x kV: the register tile (kTileRows x kTileVecs or kWideRows x kWideVecs).
-template <size_t kR = kTileRows, size_t kV = kTileVecs, class Epilogue>
+template <size_t kR = kTileRows, size_t kV = kTileVecs, class TB, class Epilogue>
 HWY_INLINE void MatMulStridedA(size_t rows, size_t cols, size_t K, const float* HWY_RESTRICT a,
-                               size_t lda, size_t ka, const float* HWY_RESTRICT b,
+                               size_t lda, size_t ka, const TB* HWY_RESTRICT b,
                                size_t ldb, const Epilogue& epilogue,
                                const KSegments& chain = KSegments()) {
   size_t r0 = 0;
@@ -216,9 +218,9 @@ HWY_INLINE void MatMulStridedA(size_t rows, size_t cols, size_t K, const float* 
 // lane) of C.  Every element of C is one FMA chain over k in order 0..K-1,
 // whatever tile computed it: results do not depend on how callers split
 // rows or columns.
-template <size_t kR = kTileRows, size_t kV = kTileVecs, class Epilogue>
+template <size_t kR = kTileRows, size_t kV = kTileVecs, class TB, class Epilogue>
 HWY_INLINE void MatMul(size_t rows, size_t cols, size_t K, const float* HWY_RESTRICT a,
-                       size_t lda, const float* HWY_RESTRICT b, size_t ldb,
+                       size_t lda, const TB* HWY_RESTRICT b, size_t ldb,
                        const Epilogue& epilogue, const KSegments& chain = KSegments()) {
   MatMulStridedA<kR, kV>(rows, cols, K, a, lda, 1, b, ldb, epilogue, chain);
 }
@@ -297,32 +299,33 @@ HWY_INLINE void AddScaled(float alpha, const float* HWY_RESTRICT b, size_t n,
 // every row of a 6-row tile sees; the few keys only later rows see are added
 // per row, so a row never multiplies a value row it cannot see (0 * NaN
 // would leak a NaN from a masked value into it).
-// P[r][j] is at p[r * ldp + j * kp] (kp = 1: row-major P; kp > 1: P^T).
+// P[r][j] is at p[r * ldp + j * kp] (kp = 1: row-major P; kp > 1: P^T);
+// value row j at v + j * ldv.
 // accumulate: add to out instead of overwriting it.
 HWY_INLINE void WeightedSumRagged(size_t rows, size_t L, const float* HWY_RESTRICT p,
                                   size_t ldp, size_t kp, const size_t* keys,
-                                  const float* HWY_RESTRICT v, float* HWY_RESTRICT out,
-                                  size_t ldo, bool accumulate) {
+                                  const float* HWY_RESTRICT v, size_t ldv,
+                                  float* HWY_RESTRICT out, size_t ldo, bool accumulate) {
   for (size_t r0 = 0; r0 < rows; r0 += kTileRows) {
     const size_t tile = rows - r0 < kTileRows ? rows - r0 : kTileRows;
     const size_t common = keys[r0];
     const float* HWY_RESTRICT p0 = p + r0 * ldp;
     float* HWY_RESTRICT o0 = out + r0 * ldo;
     if (accumulate) {
-      MatMulStridedA<kTileRows, kPvVecs>(tile, L, common, p0, ldp, kp, v, L,
+      MatMulStridedA<kTileRows, kPvVecs>(tile, L, common, p0, ldp, kp, v, ldv,
                      [&](auto d, size_t r, size_t c, auto acc) {
                        float* HWY_RESTRICT dst = o0 + r * ldo + c;
                        hn::StoreU(hn::Add(hn::LoadU(d, dst), acc), d, dst);
                      });
     } else {
-      MatMulStridedA<kTileRows, kPvVecs>(tile, L, common, p0, ldp, kp, v, L,
+      MatMulStridedA<kTileRows, kPvVecs>(tile, L, common, p0, ldp, kp, v, ldv,
                      [&](auto d, size_t r, size_t c, auto acc) {
                        hn::StoreU(acc, d, o0 + r * ldo + c);
                      });
     }
     for (size_t r = 1; r < tile; ++r) {
       for (size_t j = common; j < keys[r0 + r]; ++j) {
-        AddScaled(p0[r * ldp + j * kp], v + j * L, L, o0 + r * ldo);
+        AddScaled(p0[r * ldp + j * kp], v + j * ldv, L, o0 + r * ldo);
       }
     }
   }

@@ -16,6 +16,7 @@
 
 #include <cmath>
 
+#include "kernels/convert-inl.h"
 #include "kernels/matmul-inl.h"
 #include "kernels/shapes.h"
 
@@ -65,30 +66,80 @@ inline void SumHeadsTile(const ProjDims& p, const ProjectArgs& args, size_t b, s
   }
 }
 
-// Rows [s0, s1) and columns [c0, c1) of Y when every gate is 1 and no
-// per-head output is asked for:
+// Floats of scratch ChainTile needs: a 16-bit O's rows widened ([H][rows][L])
+// and a 16-bit Y tile before its rounding ([rows][kWoPanelCols]).
+inline size_t ChainScratch(const ProjDims& p, DType o, DType y) {
+  return (o == DType::kF32 ? 0 : p.heads * kChainRows * p.head_dim) +
+         (y == DType::kF32 ? 0 : kChainRows * kWoPanelCols);
+}
+
+// Rows [s0, s1) (at most kChainRows) and columns [c0, c1) of Y when every
+// gate is 1 and no per-head output is asked for:
 //   Y[s][c] = bias[c] + sum_h sum_l O_h[s][l] Wo[h*L + l][c]
 // one FMA chain per element over h, then l, its accumulator in a register
 // across all the heads: concat-then-GEMM's arithmetic, without the
 // concatenated copy and without a pass over Y per head.  wo_c0 points at
-// column c0 of Wo with row stride ldw: Wo itself (ldw = D) or one packed
-// panel (ldw = the panel's width, c1 - c0 within it).
-inline void SumHeadsChainTile(const ProjDims& p, const float* HWY_RESTRICT heads,
-                              const float* HWY_RESTRICT wo_c0, size_t ldw,
-                              const float* HWY_RESTRICT bias, float* HWY_RESTRICT y,
-                              size_t b, size_t s0, size_t s1, size_t c0, size_t c1) {
-  const size_t S = p.seq, H = p.heads, L = p.head_dim, D = p.model_dim;
-  const float* HWY_RESTRICT o = heads + (b * H * S + s0) * L;  // O[b][0][s0]
-  float* HWY_RESTRICT y_tile = y + (b * S + s0) * D + c0;
+// column c0 of Wo with row stride ldw: Wo itself (ldw = its row stride) or
+// one packed panel (ldw = the panel's width, c1 - c0 within it); a 16-bit Wo
+// is widened in registers as it is loaded.  O and Y are views (any dtype):
+// f32 O is read in place, 16-bit O widened into scratch; a 16-bit Y tile is
+// computed in f32 and rounded once.
+template <class TB>
+HWY_INLINE void ChainTileT(const ProjDims& p, const TensorView& heads,
+                           const TB* HWY_RESTRICT wo_c0, size_t ldw,
+                           const float* HWY_RESTRICT bias, const TensorView& y, size_t b,
+                           size_t s0, size_t s1, size_t c0, size_t c1,
+                           float* HWY_RESTRICT scratch) {
+  const size_t H = p.heads, L = p.head_dim, rows = s1 - s0, cols = c1 - c0;
+  const float* HWY_RESTRICT o;
+  size_t lda, a_step;
+  if (heads.IsF32()) {
+    o = reinterpret_cast<const float*>(heads.Row(b, 0, s0));  // O[b][0][s0]
+    lda = heads.ss;
+    a_step = heads.sh;  // O[b][h] -> O[b][h+1]
+  } else {
+    for (size_t h = 0; h < H; ++h) {
+      WidenRows(heads.Row(b, h, s0), heads.dtype, heads.ss, rows, L, scratch + h * rows * L, L);
+    }
+    o = scratch;
+    lda = L;
+    a_step = rows * L;
+    scratch += H * kChainRows * L;
+  }
+  float* HWY_RESTRICT y_tile;
+  size_t ldy;
+  if (y.IsF32()) {
+    y_tile = reinterpret_cast<float*>(y.Row(b, 0, s0)) + c0;
+    ldy = y.ss;
+  } else {
+    y_tile = scratch;
+    ldy = cols;
+  }
   KSegments every_head;
   every_head.segments = H;
-  every_head.a_step = S * L;    // O[b][h] -> O[b][h+1]
+  every_head.a_step = a_step;
   every_head.b_step = L * ldw;  // Wo[h] -> Wo[h+1]
   every_head.init = bias ? bias + c0 : nullptr;
-  MatMul<kWideRows, kWideVecs>(s1 - s0, c1 - c0, L, o, L, wo_c0, ldw,
+  MatMul<kWideRows, kWideVecs>(rows, cols, L, o, lda, wo_c0, ldw,
                                [&](auto d, size_t r, size_t c, auto acc) {
-                                 hn::StoreU(acc, d, y_tile + r * D + c);
+                                 hn::StoreU(acc, d, y_tile + r * ldy + c);
                                }, every_head);
+  if (!y.IsF32()) {
+    const size_t bytes = DTypeBytes(y.dtype);
+    for (size_t r = 0; r < rows; ++r) {
+      StoreRow(y_tile + r * ldy, cols, y.Row(b, 0, s0 + r) + c0 * bytes, y.dtype);
+    }
+  }
+}
+
+// ChainTileT for Wo of dtype wo_dtype at wo_c0 (element c0 of its first row).
+inline void ChainTile(const ProjDims& p, const TensorView& heads, const void* wo_c0,
+                      DType wo_dtype, size_t ldw, const float* HWY_RESTRICT bias,
+                      const TensorView& y, size_t b, size_t s0, size_t s1, size_t c0,
+                      size_t c1, float* HWY_RESTRICT scratch) {
+  WithElementType(wo_dtype, wo_c0, [&](const auto* wo) {
+    ChainTileT(p, heads, wo, ldw, bias, y, b, s0, s1, c0, c1, scratch);
+  });
 }
 
 // Floats of scratch ContributionNormsRows needs: one tile of contributions.

@@ -89,6 +89,10 @@ inline TensorView ContiguousF32(const float* data, size_t heads, size_t seq, siz
   return t;
 }
 
+// Rows of Y per work item of the projection's chained sum (ChainTile), which
+// sizes its scratch by it.
+constexpr size_t kChainRows = 64;
+
 // Query rows of one fused-attention work item: the dispatcher splits by it
 // and the kernel sizes its scratch by it.  Enough rows to reuse each packed
 // K^T tile many times.

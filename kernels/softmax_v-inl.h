@@ -62,7 +62,7 @@ inline void SoftmaxWeightedSumVRows(const AttnDims& a, const float* HWY_RESTRICT
     }
     // O[i][:] = (sum_{j visible} p[i][j] V[j][:]) / sum_j p[i][j]
     float* HWY_RESTRICT o_tile = o_h + r0 * L;
-    WeightedSumRagged(rows, L, p, width, 1, keys, v_g, o_tile, L, /*accumulate=*/false);
+    WeightedSumRagged(rows, L, p, width, 1, keys, v_g, L, o_tile, L, /*accumulate=*/false);
     for (size_t r = 0; r < rows; ++r) {
       if (inv_sum[r] == 0.0f) {
         Fill(o_tile + r * L, L, 0.0f);  // sees nothing: zeros, whatever V holds

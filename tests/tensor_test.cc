@@ -1,0 +1,883 @@
+// The tensor API (headsum_tensor views: f32/f16/bf16, any strides) on every
+// compiled target, against the double-precision reference fed the same
+// rounded values.  16-bit conversions are checked against conversions
+// written here independently (in double arithmetic with nearbyint, no bit
+// tricks shared with kernels/convert-inl.h).
+//
+// Bounds.  A 16-bit input is widened exactly, so the kernel computes on the
+// rounded values the reference also gets: the f32 bounds of error_bounds.h
+// apply unchanged.  A 16-bit output is the f32 result rounded once to
+// nearest: |out - exact| <= b32 + u16 (|exact| + b32) (+ half the f16
+// subnormal spacing, 2^-25, for f16), u16 the unit roundoff (bf16: 2^-8,
+// f16: 2^-11).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cfenv>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "error_bounds.h"
+#include "headsum/headsum.h"
+#include "reference.h"
+#include "test_util.h"
+
+namespace headsum_test {
+namespace {
+
+// ---------------------------------------------------------------------------
+// Independent 16-bit conversions.
+
+double F16ToDouble(uint16_t h) {
+  const int sign = h >> 15, e = (h >> 10) & 0x1F, m = h & 0x3FF;
+  double v;
+  if (e == 0x1F) {
+    v = m ? std::numeric_limits<double>::quiet_NaN() : std::numeric_limits<double>::infinity();
+  } else if (e == 0) {
+    v = std::ldexp(static_cast<double>(m), -24);
+  } else {
+    v = std::ldexp(static_cast<double>(m + 1024), e - 25);
+  }
+  return sign ? -v : v;
+}
+
+double BF16ToDouble(uint16_t b) {
+  const uint32_t bits = static_cast<uint32_t>(b) << 16;
+  float f;
+  memcpy(&f, &bits, 4);
+  return f;
+}
+
+// x rounded to `mantissa` significant bits (implicit one included) with
+// exponents down to min_exp (below it, fixed spacing 2^(min_exp -
+// mantissa + 1)), ties to even, by nearbyint in double.
+double RoundToPrecision(double x, int mantissa, int min_exp) {
+  if (x == 0 || std::isnan(x) || std::isinf(x)) return x;
+  int e = std::ilogb(x);
+  if (e < min_exp) e = min_exp;
+  const double scaled = std::ldexp(x, mantissa - 1 - e);  // exact
+  const int old = fegetround();
+  fesetround(FE_TONEAREST);
+  const double r = std::nearbyint(scaled);
+  fesetround(old);
+  return std::ldexp(r, e - (mantissa - 1));
+}
+
+uint16_t DoubleToF16Bits(double x) {  // x: a float's value
+  if (std::isnan(x)) return 0x7E00;
+  const uint16_t sign = std::signbit(x) ? 0x8000 : 0;
+  double r = RoundToPrecision(std::fabs(x), 11, -14);
+  if (r > 65504.0) return sign | 0x7C00;
+  if (r == 0) return sign;
+  // encode the representable r
+  int e = std::ilogb(r);
+  if (e < -14) return sign | static_cast<uint16_t>(std::ldexp(r, 24));  // subnormal
+  const int m = static_cast<int>(std::ldexp(r, 10 - e)) - 1024;
+  return sign | static_cast<uint16_t>(((e + 15) << 10) | m);
+}
+
+uint16_t DoubleToBF16Bits(double x) {  // x: a float's value
+  if (std::isnan(x)) return 0x7FC0;
+  const double r = RoundToPrecision(x, 8, -126);
+  if (std::fabs(r) > 3.3895313892515355e38) return std::signbit(x) ? 0xFF80 : 0x7F80;
+  const float f = static_cast<float>(r);  // exact: r is a bf16 value
+  uint32_t bits;
+  memcpy(&bits, &f, 4);
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+double DecodeElement(const char* p, headsum_dtype t) {
+  if (t == HEADSUM_F32) {
+    float f;
+    memcpy(&f, p, 4);
+    return f;
+  }
+  uint16_t h;
+  memcpy(&h, p, 2);
+  return t == HEADSUM_F16 ? F16ToDouble(h) : BF16ToDouble(h);
+}
+
+void EncodeElement(double v, char* p, headsum_dtype t) {
+  if (t == HEADSUM_F32) {
+    const float f = static_cast<float>(v);
+    memcpy(p, &f, 4);
+    return;
+  }
+  const uint16_t h = t == HEADSUM_F16 ? DoubleToF16Bits(v) : DoubleToBF16Bits(v);
+  memcpy(p, &h, 2);
+}
+
+size_t Bytes(headsum_dtype t) { return t == HEADSUM_F32 ? 4 : 2; }
+const char* DtypeName(headsum_dtype t) {
+  return t == HEADSUM_F32 ? "f32" : t == HEADSUM_F16 ? "f16" : "bf16";
+}
+
+// Unit roundoff of a 16-bit output (0 for f32: no rounding after the f32 result).
+double OutputRoundoff(headsum_dtype t) {
+  return t == HEADSUM_BF16 ? std::ldexp(1.0, -8) : t == HEADSUM_F16 ? std::ldexp(1.0, -11) : 0;
+}
+double OutputAbsFloor(headsum_dtype t) { return t == HEADSUM_F16 ? std::ldexp(1.0, -25) : 0; }
+
+// ---------------------------------------------------------------------------
+// Strided buffers.
+
+// A byte buffer holding a [n0][n1][n2][n3] view with given strides (in
+// elements), the rest of it filled with a fill pattern.
+struct Strided {
+  std::vector<char> bytes;  // owns the memory, with `offset` bytes of slack before
+  size_t offset = 0;        // of element (0,0,0,0) in bytes
+  headsum_dtype dtype = HEADSUM_F32;
+  int64_t dims[4] = {1, 1, 1, 1};
+  int64_t strides[3] = {0, 0, 0};
+
+  char* base() { return bytes.data() + offset; }
+  char* at(int64_t b, int64_t h, int64_t s, int64_t l) {
+    return base() + (b * strides[0] + h * strides[1] + s * strides[2] + l) * Bytes(dtype);
+  }
+  headsum_tensor tensor() {
+    headsum_tensor t;
+    t.data = base();
+    t.dtype = dtype;
+    for (int i = 0; i < 3; ++i) t.strides[i] = strides[i];
+    return t;
+  }
+  // Writes logical [n0][n1][n2][n3] values (contiguous f32), rounded to dtype.
+  void Fill(const std::vector<float>& v) {
+    size_t n = 0;
+    for (int64_t b = 0; b < dims[0]; ++b)
+      for (int64_t h = 0; h < dims[1]; ++h)
+        for (int64_t s = 0; s < dims[2]; ++s)
+          for (int64_t l = 0; l < dims[3]; ++l) EncodeElement(v[n++], at(b, h, s, l), dtype);
+  }
+  // Reads the logical values back as f32.
+  std::vector<float> Read() {
+    std::vector<float> v;
+    for (int64_t b = 0; b < dims[0]; ++b)
+      for (int64_t h = 0; h < dims[1]; ++h)
+        for (int64_t s = 0; s < dims[2]; ++s)
+          for (int64_t l = 0; l < dims[3]; ++l)
+            v.push_back(static_cast<float>(DecodeElement(at(b, h, s, l), dtype)));
+    return v;
+  }
+};
+
+// A buffer of `elements` elements of dtype, every byte `fill` (0xFF: NaN in
+// every dtype), with 2 spare bytes before so that data can start 2 or 4
+// bytes off any larger boundary.
+std::vector<char> Buffer(size_t elements, headsum_dtype t, unsigned char fill) {
+  return std::vector<char>(elements * Bytes(t) + 64, static_cast<char>(fill));
+}
+
+Strided MakeView(headsum_dtype t, const int64_t dims[4], const int64_t strides[3],
+                 size_t elements, unsigned char fill) {
+  Strided s;
+  s.dtype = t;
+  for (int i = 0; i < 4; ++i) s.dims[i] = dims[i];
+  for (int i = 0; i < 3; ++i) s.strides[i] = strides[i];
+  s.bytes = Buffer(elements, t, fill);
+  s.offset = 16 + Bytes(t);  // off every vector boundary, aligned to the element
+  return s;
+}
+
+// Views of one [B][N][S][L] tensor.
+enum class Layout4 { kBhsd, kBshd };
+Strided Make4(headsum_dtype t, Layout4 layout, int64_t B, int64_t N, int64_t S, int64_t L,
+              unsigned char fill) {
+  const int64_t dims[4] = {B, N, S, L};
+  int64_t st[3];
+  if (layout == Layout4::kBhsd) {
+    st[0] = N * S * L; st[1] = S * L; st[2] = L;
+  } else {
+    st[0] = S * N * L; st[1] = L; st[2] = N * L;
+  }
+  return MakeView(t, dims, st, size_t(B * N * S * L), fill);
+}
+
+// ---------------------------------------------------------------------------
+// Attention on views.
+
+struct DtypeCombo {
+  headsum_dtype q, kv, out;
+};
+const DtypeCombo kCombos[] = {
+    {HEADSUM_F32, HEADSUM_F32, HEADSUM_F32},   {HEADSUM_F32, HEADSUM_F16, HEADSUM_F32},
+    {HEADSUM_F32, HEADSUM_BF16, HEADSUM_F32},  {HEADSUM_F16, HEADSUM_F16, HEADSUM_F16},
+    {HEADSUM_BF16, HEADSUM_BF16, HEADSUM_BF16}, {HEADSUM_F32, HEADSUM_F32, HEADSUM_BF16},
+    {HEADSUM_F32, HEADSUM_BF16, HEADSUM_F16},
+};
+
+enum class AttnLayout { kContiguous, kTokenMajor, kFusedQkv, kCache };
+const char* LayoutName(AttnLayout l) {
+  switch (l) {
+    case AttnLayout::kContiguous: return "bhsd";
+    case AttnLayout::kTokenMajor: return "bshd";
+    case AttnLayout::kFusedQkv: return "fused-qkv";
+    default: return "kv-cache";
+  }
+}
+
+struct AttnCase {
+  int64_t b, h, hkv, sq, skv, l;
+  bool causal;
+};
+const AttnCase kAttnCases[] = {
+    {1, 8, 8, 20, 20, 64, false},   // the seed
+    {1, 8, 8, 20, 20, 64, true},
+    {2, 3, 3, 17, 17, 3, false},    // odd head dim
+    {1, 4, 2, 3, 65, 17, true},     // GQA, causal with Sq < Skv (dot path)
+    {1, 2, 2, 5, 40, 16, true},     // 5 rows: keys-in-lanes path on wide targets
+    {2, 4, 2, 65, 130, 33, true},   // two query blocks, several key tiles
+    {1, 4, 1, 1, 1100, 63, false},  // MQA decode, key splits
+    {1, 8, 2, 1, 1030, 64, false},  // GQA decode, key splits
+    {1, 2, 2, 1, 1, 1, false},
+};
+
+struct AttnBuffers {
+  Strided q, k, v, out;
+  // fused: q, k, v share q's bytes
+  std::vector<char> fused;
+};
+
+// Builds q, k, v, out views of the layout and writes the logical values.
+AttnBuffers MakeAttnBuffers(const AttnCase& c, const DtypeCombo& t, AttnLayout layout,
+                            const std::vector<float>& q, const std::vector<float>& k,
+                            const std::vector<float>& v) {
+  AttnBuffers bufs;
+  const int64_t B = c.b, H = c.h, G = c.hkv, Sq = c.sq, Skv = c.skv, L = c.l;
+  if (layout == AttnLayout::kContiguous || layout == AttnLayout::kTokenMajor) {
+    const Layout4 l4 = layout == AttnLayout::kContiguous ? Layout4::kBhsd : Layout4::kBshd;
+    bufs.q = Make4(t.q, l4, B, H, Sq, L, 0xFF);
+    bufs.k = Make4(t.kv, l4, B, G, Skv, L, 0xFF);
+    bufs.v = Make4(t.kv, l4, B, G, Skv, L, 0xFF);
+    bufs.out = Make4(t.out, l4, B, H, Sq, L, 0xA5);
+  } else if (layout == AttnLayout::kCache) {
+    // K/V: [B][G][cap][L] with cap > Skv; the unfilled tail holds NaN.
+    const int64_t cap = Skv + 7;
+    const int64_t dims[4] = {B, G, Skv, L}, st[3] = {G * cap * L, cap * L, L};
+    bufs.q = Make4(t.q, Layout4::kBshd, B, H, Sq, L, 0xFF);
+    bufs.k = MakeView(t.kv, dims, st, size_t(B * G * cap * L), 0xFF);
+    bufs.v = MakeView(t.kv, dims, st, size_t(B * G * cap * L), 0xFF);
+    bufs.out = Make4(t.out, Layout4::kBhsd, B, H, Sq, L, 0xA5);
+  } else {
+    // One token-major buffer [B][S][H + 2G][L] (Sq = Skv here: self-attention)
+    // seen as q, k and v; all one dtype (q's), out token-major.
+    const int64_t W = (H + 2 * G) * L;
+    const int64_t q_dims[4] = {B, H, Sq, L}, kv_dims[4] = {B, G, Skv, L};
+    const int64_t st[3] = {Skv * W, L, W};
+    bufs.q = MakeView(t.q, q_dims, st, size_t(B * Skv * W), 0xFF);
+    bufs.k = bufs.q;  // same bytes: the views below point into q's
+    bufs.v = bufs.q;
+    bufs.k.dims[1] = kv_dims[1], bufs.k.dims[2] = Skv;
+    bufs.v.dims[1] = kv_dims[1], bufs.v.dims[2] = Skv;
+    bufs.k.offset = bufs.q.offset + size_t(H * L) * Bytes(t.q);
+    bufs.v.offset = bufs.q.offset + size_t((H + G) * L) * Bytes(t.q);
+    bufs.out = Make4(t.out, Layout4::kBshd, B, H, Sq, L, 0xA5);
+    // Fill q, k, v into one byte array: write through q's buffer.
+    bufs.q.Fill(q);
+    Strided kv = bufs.q;
+    kv.dims[1] = G;
+    kv.dims[2] = Skv;
+    kv.offset = bufs.k.offset;
+    kv.Fill(k);
+    kv.offset = bufs.v.offset;
+    kv.Fill(v);
+    bufs.q.bytes = kv.bytes;  // q's bytes, with k and v written in
+    return bufs;
+  }
+  bufs.q.Fill(q);
+  bufs.k.Fill(k);
+  bufs.v.Fill(v);
+  return bufs;
+}
+
+// Values as the kernel sees them after widening: rounded to dtype.
+std::vector<float> RoundedTo(const std::vector<float>& x, headsum_dtype t) {
+  std::vector<float> r(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    char e[4];
+    EncodeElement(x[i], e, t);
+    r[i] = static_cast<float>(DecodeElement(e, t));
+  }
+  return r;
+}
+
+class TensorAttention : public TargetTest {};
+
+TEST_P(TensorAttention, EveryDtypeAndLayoutMatchesReference) {
+  uint64_t seed = 100;
+  for (const AttnCase& c : kAttnCases) {
+    headsum_attn_shape shape = {c.b, c.h, c.hkv, c.sq, c.skv, c.l, 0.0f, c.causal ? 1 : 0};
+    const RefAttnDims d(shape);
+    const size_t nq = size_t(c.b * c.h * c.sq * c.l), nkv = size_t(c.b * c.hkv * c.skv * c.l);
+    const std::vector<float> q0 = RandomUniform(nq, -1.5f, 1.5f, ++seed);
+    const std::vector<float> k0 = RandomUniform(nkv, -1.5f, 1.5f, ++seed);
+    const std::vector<float> v0 = RandomUniform(nkv, -1.0f, 1.0f, ++seed);
+    for (const DtypeCombo& t : kCombos) {
+      const std::vector<float> q = RoundedTo(q0, t.q), k = RoundedTo(k0, t.kv),
+                               v = RoundedTo(v0, t.kv);
+      const std::vector<double> ref = RefAttention(d, q.data(), k.data(), v.data());
+      std::vector<double> bound = AttentionBound(d, q.data(), k.data(), v.data());
+      const double u16 = OutputRoundoff(t.out), floor16 = OutputAbsFloor(t.out);
+      for (size_t i = 0; i < bound.size(); ++i) {
+        bound[i] += u16 * (std::fabs(ref[i]) + bound[i]) + floor16;
+      }
+      for (AttnLayout layout : {AttnLayout::kContiguous, AttnLayout::kTokenMajor,
+                                AttnLayout::kFusedQkv, AttnLayout::kCache}) {
+        if (layout == AttnLayout::kFusedQkv && (c.sq != c.skv || t.q != t.kv)) continue;
+        SCOPED_TRACE(std::string(LayoutName(layout)) + " q " + DtypeName(t.q) + " kv " +
+                     DtypeName(t.kv) + " out " + DtypeName(t.out) + " B" +
+                     std::to_string(c.b) + " H" + std::to_string(c.h) + " Hkv" +
+                     std::to_string(c.hkv) + " Sq" + std::to_string(c.sq) + " Skv" +
+                     std::to_string(c.skv) + " L" + std::to_string(c.l) +
+                     (c.causal ? " causal" : ""));
+        AttnBuffers bufs = MakeAttnBuffers(c, t, layout, q, k, v);
+        const std::vector<char> out_before = bufs.out.bytes;
+        headsum_tensor tq = bufs.q.tensor(), tk = bufs.k.tensor(), tv = bufs.v.tensor(),
+                       to = bufs.out.tensor();
+        if (layout == AttnLayout::kFusedQkv) {
+          tk.data = bufs.q.bytes.data() + bufs.k.offset;
+          tv.data = bufs.q.bytes.data() + bufs.v.offset;
+        }
+        ASSERT_EQ(headsum_attention_tensors(&shape, &tq, &tk, &tv, &to), HEADSUM_OK)
+            << headsum_last_error();
+        const std::vector<float> got = bufs.out.Read();
+        ASSERT_TRUE(AllWithinBound(ref, bound, got,
+                                   Layout{{c.b, c.h, c.sq, c.l}, "bhil"}));
+        // Nothing outside the view was written.
+        size_t written = 0;
+        for (size_t i = 0; i < out_before.size(); ++i) written += out_before[i] != bufs.out.bytes[i];
+        EXPECT_LE(written, got.size() * Bytes(t.out));
+      }
+    }
+  }
+}
+
+// The contiguous f32 view is the plain call, bit for bit.
+TEST_P(TensorAttention, ContiguousF32IsThePlainCall) {
+  for (const AttnCase& c : kAttnCases) {
+    headsum_attn_shape shape = {c.b, c.h, c.hkv, c.sq, c.skv, c.l, 0.0f, c.causal ? 1 : 0};
+    const size_t nq = size_t(c.b * c.h * c.sq * c.l), nkv = size_t(c.b * c.hkv * c.skv * c.l);
+    std::vector<float> q = RandomUniform(nq, -1, 1, 7), k = RandomUniform(nkv, -1, 1, 8),
+                       v = RandomUniform(nkv, -1, 1, 9), o1(nq), o2(nq);
+    ASSERT_EQ(headsum_attention(&shape, q.data(), k.data(), v.data(), o1.data()), HEADSUM_OK);
+    headsum_tensor tq = headsum_bhsd(q.data(), HEADSUM_F32, c.h, c.sq, c.l);
+    headsum_tensor tk = headsum_bhsd(k.data(), HEADSUM_F32, c.hkv, c.skv, c.l);
+    headsum_tensor tv = headsum_bhsd(v.data(), HEADSUM_F32, c.hkv, c.skv, c.l);
+    headsum_tensor to = headsum_bhsd(o2.data(), HEADSUM_F32, c.h, c.sq, c.l);
+    ASSERT_EQ(headsum_attention_tensors(&shape, &tq, &tk, &tv, &to), HEADSUM_OK);
+    EXPECT_TRUE(BitwiseEqual(o1, o2, Layout{{c.b, c.h, c.sq, c.l}, "bhil"}));
+  }
+}
+
+// Every dtype: the same bits for 1, 2 and 3 threads.
+TEST_P(TensorAttention, DeterministicAcrossThreadCounts) {
+  const AttnCase cases[] = {{2, 4, 2, 65, 130, 33, true}, {1, 8, 2, 1, 1030, 64, false}};
+  for (const AttnCase& c : cases) {
+    headsum_attn_shape shape = {c.b, c.h, c.hkv, c.sq, c.skv, c.l, 0.0f, c.causal ? 1 : 0};
+    const size_t nq = size_t(c.b * c.h * c.sq * c.l), nkv = size_t(c.b * c.hkv * c.skv * c.l);
+    const std::vector<float> q = RandomUniform(nq, -1, 1, 1), k = RandomUniform(nkv, -1, 1, 2),
+                             v = RandomUniform(nkv, -1, 1, 3);
+    for (const DtypeCombo& t : kCombos) {
+      std::vector<std::vector<char>> outs;
+      for (int threads : {1, 2, 3}) {
+        ASSERT_EQ(headsum_set_num_threads(threads), HEADSUM_OK);
+        AttnBuffers bufs = MakeAttnBuffers(c, t, AttnLayout::kTokenMajor, q, k, v);
+        headsum_tensor tq = bufs.q.tensor(), tk = bufs.k.tensor(), tv = bufs.v.tensor(),
+                       to = bufs.out.tensor();
+        ASSERT_EQ(headsum_attention_tensors(&shape, &tq, &tk, &tv, &to), HEADSUM_OK);
+        outs.push_back(bufs.out.bytes);
+      }
+      headsum_set_num_threads(0);
+      EXPECT_EQ(outs[0], outs[1]) << DtypeName(t.kv);
+      EXPECT_EQ(outs[0], outs[2]) << DtypeName(t.kv);
+    }
+  }
+}
+
+// A stride of 0 on an input: one K/V shared by the whole batch.
+TEST_P(TensorAttention, ZeroBatchStrideSharesKv) {
+  const int64_t B = 3, H = 2, S = 9, L = 8;
+  headsum_attn_shape shape = {B, H, 0, S, S, L, 0.0f, 1};
+  std::vector<float> q = RandomUniform(size_t(B * H * S * L), -1, 1, 4);
+  std::vector<float> k1 = RandomUniform(size_t(H * S * L), -1, 1, 5);
+  std::vector<float> v1 = RandomUniform(size_t(H * S * L), -1, 1, 6);
+  std::vector<float> k, v, out(q.size());
+  for (int b = 0; b < B; ++b) {
+    k.insert(k.end(), k1.begin(), k1.end());
+    v.insert(v.end(), v1.begin(), v1.end());
+  }
+  headsum_tensor tq = headsum_bhsd(q.data(), HEADSUM_F32, H, S, L);
+  headsum_tensor tk = headsum_bhsd(k1.data(), HEADSUM_F32, H, S, L);
+  headsum_tensor tv = headsum_bhsd(v1.data(), HEADSUM_F32, H, S, L);
+  tk.strides[0] = 0;
+  tv.strides[0] = 0;
+  headsum_tensor to = headsum_bhsd(out.data(), HEADSUM_F32, H, S, L);
+  ASSERT_EQ(headsum_attention_tensors(&shape, &tq, &tk, &tv, &to), HEADSUM_OK)
+      << headsum_last_error();
+  const RefAttnDims d(shape);
+  EXPECT_TRUE(AllWithinBound(RefAttention(d, q.data(), k.data(), v.data()),
+                             AttentionBound(d, q.data(), k.data(), v.data()), out,
+                             Layout{{B, H, S, L}, "bhil"}));
+}
+
+HEADSUM_INSTANTIATE_FOR_COMPILED_TARGETS(TensorAttention);
+
+// ---------------------------------------------------------------------------
+// Projection on views.
+
+struct ProjCase {
+  int64_t b, s, h, l, d;
+};
+const ProjCase kProjCases[] = {
+    {1, 20, 8, 64, 512}, {2, 3, 3, 17, 65}, {1, 1, 2, 5, 49}, {1, 65, 4, 16, 100},
+    {1, 1, 8, 64, 512},
+};
+
+struct ProjCombo {
+  headsum_dtype o, wo, y;
+};
+const ProjCombo kProjCombos[] = {
+    {HEADSUM_F32, HEADSUM_F32, HEADSUM_F32},  {HEADSUM_F32, HEADSUM_BF16, HEADSUM_F32},
+    {HEADSUM_F32, HEADSUM_F16, HEADSUM_F32},  {HEADSUM_BF16, HEADSUM_BF16, HEADSUM_BF16},
+    {HEADSUM_F16, HEADSUM_F16, HEADSUM_F16},  {HEADSUM_F32, HEADSUM_F32, HEADSUM_BF16},
+};
+
+struct ProjBuffers {
+  Strided o, wo, y;
+};
+
+// O token-major ([B][S][H][L] seen as [b][h][s][l]), Wo rows padded to
+// D + 5, Y rows padded to D + 3 with a batch stride of S (D + 3) + 11.
+ProjBuffers MakeProjBuffers(const ProjCase& c, const ProjCombo& t, bool strided,
+                            const std::vector<float>& o, const std::vector<float>& wo) {
+  ProjBuffers p;
+  p.o = Make4(t.o, strided ? Layout4::kBshd : Layout4::kBhsd, c.b, c.h, c.s, c.l, 0xFF);
+  const int64_t wo_dims[4] = {1, 1, c.h * c.l, c.d};
+  const int64_t ldw = strided ? c.d + 5 : c.d;
+  const int64_t wo_st[3] = {0, 0, ldw};
+  p.wo = MakeView(t.wo, wo_dims, wo_st, size_t(c.h * c.l * ldw), 0xFF);
+  const int64_t y_dims[4] = {c.b, 1, c.s, c.d};
+  const int64_t ldy = strided ? c.d + 3 : c.d, sb = strided ? c.s * ldy + 11 : c.s * c.d;
+  const int64_t y_st[3] = {sb, strided ? 977 : 0, ldy};  // h stride: unused, any value
+  p.y = MakeView(t.y, y_dims, y_st, size_t(c.b * sb), 0xA5);
+  p.o.Fill(o);
+  p.wo.Fill(wo);
+  return p;
+}
+
+class TensorProjection : public TargetTest {};
+
+TEST_P(TensorProjection, EveryDtypeAndStrideMatchesReference) {
+  uint64_t seed = 300;
+  for (const ProjCase& c : kProjCases) {
+    headsum_proj_shape shape = {c.b, c.s, c.h, c.l, c.d};
+    const RefProjDims d(shape);
+    const std::vector<float> o0 = RandomUniform(size_t(c.b * c.h * c.s * c.l), -1, 1, ++seed);
+    const std::vector<float> wo0 = RandomUniform(size_t(c.h * c.l * c.d), -0.5f, 0.5f, ++seed);
+    const std::vector<float> bias = RandomUniform(size_t(c.d), -1, 1, ++seed);
+    for (const ProjCombo& t : kProjCombos) {
+      const std::vector<float> o = RoundedTo(o0, t.o), wo = RoundedTo(wo0, t.wo);
+      const std::vector<double> ref = RefConcatProject(d, o.data(), wo.data(), bias.data());
+      std::vector<double> bound =
+          ProjectionBound(d, AbsContributions(d, o.data(), wo.data()), nullptr, bias.data());
+      for (size_t i = 0; i < bound.size(); ++i) {
+        bound[i] += OutputRoundoff(t.y) * (std::fabs(ref[i]) + bound[i]) + OutputAbsFloor(t.y);
+      }
+      for (bool strided : {false, true}) {
+        SCOPED_TRACE(std::string(strided ? "strided" : "contiguous") + " O " + DtypeName(t.o) +
+                     " Wo " + DtypeName(t.wo) + " Y " + DtypeName(t.y) + " B" +
+                     std::to_string(c.b) + " S" + std::to_string(c.s) + " H" +
+                     std::to_string(c.h) + " L" + std::to_string(c.l) + " D" +
+                     std::to_string(c.d));
+        ProjBuffers p = MakeProjBuffers(c, t, strided, o, wo);
+        const std::vector<char> y_before = p.y.bytes;
+        headsum_tensor to = p.o.tensor(), tw = p.wo.tensor(), ty = p.y.tensor();
+        ASSERT_EQ(headsum_project_heads_sum_tensors(&shape, &to, &tw, bias.data(), &ty),
+                  HEADSUM_OK) << headsum_last_error();
+        ASSERT_TRUE(AllWithinBound(ref, bound, p.y.Read(), Layout{{c.b, c.s, c.d}, "bsc"}));
+        size_t written = 0;
+        for (size_t i = 0; i < y_before.size(); ++i) written += y_before[i] != p.y.bytes[i];
+        EXPECT_LE(written, size_t(c.b * c.s * c.d) * Bytes(t.y));
+
+        // Packed once (in Wo's dtype): bitwise the unpacked result.
+        headsum_wo_packed* packed = nullptr;
+        ASSERT_EQ(headsum_wo_pack_tensor(&shape, &tw, &packed), HEADSUM_OK)
+            << headsum_last_error();
+        ProjBuffers p2 = MakeProjBuffers(c, t, strided, o, wo);
+        headsum_tensor to2 = p2.o.tensor(), ty2 = p2.y.tensor();
+        ASSERT_EQ(headsum_project_heads_sum_packed_tensors(&shape, &to2, packed, bias.data(),
+                                                           &ty2),
+                  HEADSUM_OK) << headsum_last_error();
+        headsum_wo_free(packed);
+        EXPECT_EQ(p.y.bytes, p2.y.bytes) << "packed differs from unpacked";
+      }
+    }
+  }
+}
+
+TEST_P(TensorProjection, ContiguousF32IsThePlainCall) {
+  for (const ProjCase& c : kProjCases) {
+    headsum_proj_shape shape = {c.b, c.s, c.h, c.l, c.d};
+    std::vector<float> o = RandomUniform(size_t(c.b * c.h * c.s * c.l), -1, 1, 11);
+    std::vector<float> wo = RandomUniform(size_t(c.h * c.l * c.d), -1, 1, 12);
+    std::vector<float> bias = RandomUniform(size_t(c.d), -1, 1, 13);
+    std::vector<float> y1(size_t(c.b * c.s * c.d)), y2(y1.size());
+    ASSERT_EQ(headsum_project_heads_sum(&shape, o.data(), wo.data(), bias.data(), y1.data()),
+              HEADSUM_OK);
+    headsum_tensor to = headsum_bhsd(o.data(), HEADSUM_F32, c.h, c.s, c.l);
+    headsum_tensor tw = headsum_bhsd(wo.data(), HEADSUM_F32, 1, c.h * c.l, c.d);
+    headsum_tensor ty = headsum_bhsd(y2.data(), HEADSUM_F32, 1, c.s, c.d);
+    ASSERT_EQ(headsum_project_heads_sum_tensors(&shape, &to, &tw, bias.data(), &ty),
+              HEADSUM_OK) << headsum_last_error();
+    EXPECT_TRUE(BitwiseEqual(y1, y2, Layout{{c.b, c.s, c.d}, "bsc"}));
+  }
+}
+
+TEST_P(TensorProjection, DeterministicAcrossThreadCounts) {
+  const ProjCase c = {2, 70, 4, 16, 100};
+  headsum_proj_shape shape = {c.b, c.s, c.h, c.l, c.d};
+  const std::vector<float> o = RandomUniform(size_t(c.b * c.h * c.s * c.l), -1, 1, 21);
+  const std::vector<float> wo = RandomUniform(size_t(c.h * c.l * c.d), -1, 1, 22);
+  for (const ProjCombo& t : kProjCombos) {
+    std::vector<std::vector<char>> ys;
+    for (int threads : {1, 2, 3}) {
+      ASSERT_EQ(headsum_set_num_threads(threads), HEADSUM_OK);
+      ProjBuffers p = MakeProjBuffers(c, t, true, o, wo);
+      headsum_tensor to = p.o.tensor(), tw = p.wo.tensor(), ty = p.y.tensor();
+      ASSERT_EQ(headsum_project_heads_sum_tensors(&shape, &to, &tw, nullptr, &ty), HEADSUM_OK);
+      ys.push_back(p.y.bytes);
+    }
+    headsum_set_num_threads(0);
+    EXPECT_EQ(ys[0], ys[1]);
+    EXPECT_EQ(ys[0], ys[2]);
+  }
+}
+
+HEADSUM_INSTANTIATE_FOR_COMPILED_TARGETS(TensorProjection);
+
+// ---------------------------------------------------------------------------
+// headsum_convert: bit-exact against the conversions above.
+
+std::vector<float> ConversionInputs() {
+  std::vector<float> x;
+  const float inf = std::numeric_limits<float>::infinity();
+  for (float f : {0.0f, -0.0f, 1.0f, -1.0f, inf, -inf, std::numeric_limits<float>::quiet_NaN(),
+                  -std::numeric_limits<float>::quiet_NaN(), 65504.0f, 65519.996f, 65520.0f,
+                  -65520.0f, 65536.0f, 1e-8f, -1e-8f, 2.9802322e-08f, 5.9604645e-08f,
+                  8.940697e-08f, 6.1035156e-05f, 6.097555e-05f, 3.4e38f, -3.4e38f,
+                  std::numeric_limits<float>::max(), std::numeric_limits<float>::denorm_min(),
+                  1.0e-40f, -1.0e-40f, 1.17549435e-38f}) {
+    x.push_back(f);
+  }
+  // Every f16 value, the midpoints between neighbours (ties) and the floats
+  // just around them.
+  for (uint32_t h = 0; h < 0x7C00; ++h) {
+    const double a = F16ToDouble(static_cast<uint16_t>(h)),
+                 b = F16ToDouble(static_cast<uint16_t>(h + 1));
+    const float mid = static_cast<float>((a + b) / 2);  // exact in f32
+    for (float f : {static_cast<float>(a), mid, std::nextafter(mid, 0.0f),
+                    std::nextafter(mid, inf)}) {
+      x.push_back(f);
+      x.push_back(-f);
+    }
+  }
+  // bf16 ties (low half 0x8000), both parities, and random bit patterns
+  // (NaN payloads included).
+  uint64_t state = 12345;
+  for (int i = 0; i < 200000; ++i) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    uint32_t bits = static_cast<uint32_t>(state >> 32);
+    if (i % 4 == 0) bits = (bits & 0xFFFF0000u) | 0x8000u;
+    float f;
+    memcpy(&f, &bits, 4);
+    x.push_back(f);
+  }
+  return x;
+}
+
+class TensorConvert : public TargetTest {};
+
+TEST_P(TensorConvert, BitExactOnTiesSubnormalsNanOverflowAndSignedZero) {
+  const std::vector<float> x = ConversionInputs();
+  const int64_t n = static_cast<int64_t>(x.size());
+  // [1][1][rows][cols] covering x, with a row stride past cols.
+  const int64_t cols = 97, rows = (n + cols - 1) / cols;
+  std::vector<float> src(size_t(rows * cols), 0.0f);
+  std::copy(x.begin(), x.end(), src.begin());
+  for (headsum_dtype to : {HEADSUM_F16, HEADSUM_BF16}) {
+    const int64_t dims[4] = {1, 1, rows, cols};
+    headsum_tensor ts = headsum_bhsd(src.data(), HEADSUM_F32, 1, rows, cols);
+    std::vector<uint16_t> dst(size_t(rows * (cols + 1)), 0xDEAD);
+    headsum_tensor td = headsum_bhsd(dst.data(), to, 1, rows, cols + 1);
+    ASSERT_EQ(headsum_convert(dims, &ts, &td), HEADSUM_OK) << headsum_last_error();
+    size_t bad = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < cols; ++c) {
+        const float f = src[size_t(r * cols + c)];
+        const uint16_t got = dst[size_t(r * (cols + 1) + c)];
+        const uint16_t want = to == HEADSUM_F16 ? DoubleToF16Bits(f) : DoubleToBF16Bits(f);
+        // NaN: any NaN of the right sign class will do ("NaN stays NaN").
+        const bool ok = std::isnan(f) ? (to == HEADSUM_F16 ? ((got & 0x7C00) == 0x7C00 && (got & 0x3FF))
+                                                          : ((got & 0x7F80) == 0x7F80 && (got & 0x7F)))
+                                      : got == want;
+        if (!ok && ++bad <= 5) {
+          uint32_t bits;
+          memcpy(&bits, &f, 4);
+          ADD_FAILURE() << DtypeName(to) << ": f32 0x" << std::hex << bits << " (" << f
+                        << ") gave 0x" << got << ", expected 0x" << want;
+        }
+      }
+      EXPECT_EQ(dst[size_t(r * (cols + 1) + cols)], 0xDEAD) << "wrote past the view";
+    }
+    EXPECT_EQ(bad, 0u);
+    // And back: widening is exact.
+    std::vector<float> back(size_t(rows * cols), 1.0f);
+    headsum_tensor tb = headsum_bhsd(back.data(), HEADSUM_F32, 1, rows, cols);
+    ASSERT_EQ(headsum_convert(dims, &td, &tb), HEADSUM_OK) << headsum_last_error();
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < cols; ++c) {
+        const uint16_t h = dst[size_t(r * (cols + 1) + c)];
+        const double want = to == HEADSUM_F16 ? F16ToDouble(h) : BF16ToDouble(h);
+        const float got = back[size_t(r * cols + c)];
+        if (std::isnan(want)) {
+          ASSERT_TRUE(std::isnan(got));
+        } else {
+          ASSERT_EQ(static_cast<double>(got), want) << std::hex << h;
+          ASSERT_EQ(std::signbit(got), std::signbit(want)) << std::hex << h;
+        }
+      }
+    }
+  }
+  // f16 <-> bf16 directly: one rounding of the exact value.
+  std::vector<uint16_t> f16(size_t(0x7C00));
+  for (uint32_t h = 0; h < 0x7C00; ++h) f16[h] = static_cast<uint16_t>(h);
+  std::vector<uint16_t> bf(f16.size());
+  const int64_t dims[4] = {1, 1, 1, 0x7C00};
+  headsum_tensor ts = headsum_bhsd(f16.data(), HEADSUM_F16, 1, 1, 0x7C00);
+  headsum_tensor td = headsum_bhsd(bf.data(), HEADSUM_BF16, 1, 1, 0x7C00);
+  ASSERT_EQ(headsum_convert(dims, &ts, &td), HEADSUM_OK);
+  for (uint32_t h = 0; h < 0x7C00; ++h) {
+    ASSERT_EQ(bf[h], DoubleToBF16Bits(F16ToDouble(static_cast<uint16_t>(h)))) << h;
+  }
+}
+
+// A new token's K into a 16-bit cache: strided 4-D destination.
+TEST_P(TensorConvert, AppendsRowsIntoACache) {
+  const int64_t B = 2, G = 3, cap = 11, L = 19, len = 4, S = 2;
+  std::vector<uint16_t> cache(size_t(B * G * cap * L), 0x7FC0);  // bf16 NaN everywhere
+  std::vector<float> k_new = RandomUniform(size_t(B * S * G * L), -2, 2, 31);  // [B][S][G][L]
+  headsum_tensor src = headsum_bshd(k_new.data(), HEADSUM_F32, G, S, L);
+  headsum_tensor dst = headsum_bhsd(cache.data(), HEADSUM_BF16, G, cap, L);
+  dst.data = cache.data() + len * L;  // position len
+  const int64_t dims[4] = {B, G, S, L};
+  ASSERT_EQ(headsum_convert(dims, &src, &dst), HEADSUM_OK) << headsum_last_error();
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t g = 0; g < G; ++g)
+      for (int64_t p = 0; p < cap; ++p)
+        for (int64_t l = 0; l < L; ++l) {
+          const uint16_t got = cache[size_t(((b * G + g) * cap + p) * L + l)];
+          if (p >= len && p < len + S) {
+            const float f = k_new[size_t(((b * S + (p - len)) * G + g) * L + l)];
+            ASSERT_EQ(got, DoubleToBF16Bits(f));
+          } else {
+            ASSERT_EQ(got, 0x7FC0) << "position " << p << " was written";
+          }
+        }
+}
+
+HEADSUM_INSTANTIATE_FOR_COMPILED_TARGETS(TensorConvert);
+
+// ---------------------------------------------------------------------------
+// Validation: each rule gives HEADSUM_ERR_INVALID_ARGUMENT, a message naming
+// the tensor, and no output written.
+
+struct ValidationFixture {
+  static constexpr int64_t B = 1, H = 2, S = 5, L = 8;
+  headsum_attn_shape shape = {B, H, 0, S, S, L, 0.0f, 0};
+  std::vector<float> q = RandomUniform(size_t(B * H * S * L), -1, 1, 1);
+  std::vector<float> k = RandomUniform(size_t(B * H * S * L), -1, 1, 2);
+  std::vector<float> v = RandomUniform(size_t(B * H * S * L), -1, 1, 3);
+  std::vector<float> out = Sentinels(size_t(B * H * S * L) + 64);
+  headsum_tensor tq = headsum_bhsd(q.data(), HEADSUM_F32, H, S, L);
+  headsum_tensor tk = headsum_bhsd(k.data(), HEADSUM_F32, H, S, L);
+  headsum_tensor tv = headsum_bhsd(v.data(), HEADSUM_F32, H, S, L);
+  headsum_tensor to = headsum_bhsd(out.data(), HEADSUM_F32, H, S, L);
+
+  testing::AssertionResult Refused(const char* needle1, const char* needle2) {
+    const std::vector<float> before = out;
+    const headsum_status s = headsum_attention_tensors(&shape, &tq, &tk, &tv, &to);
+    if (s != HEADSUM_ERR_INVALID_ARGUMENT) {
+      return testing::AssertionFailure() << "status " << StatusName(s);
+    }
+    const std::string msg = headsum_last_error();
+    if (msg.find(needle1) == std::string::npos || msg.find(needle2) == std::string::npos) {
+      return testing::AssertionFailure() << "message \"" << msg << "\" lacks \"" << needle1
+                                         << "\" or \"" << needle2 << "\"";
+    }
+    if (memcmp(before.data(), out.data(), out.size() * sizeof(float)) != 0) {
+      return testing::AssertionFailure() << "output written on failure";
+    }
+    return testing::AssertionSuccess();
+  }
+};
+
+TEST(TensorValidation, AttentionRules) {
+  {
+    ValidationFixture f;
+    EXPECT_EQ(headsum_attention_tensors(&f.shape, &f.tq, &f.tk, &f.tv, &f.to), HEADSUM_OK);
+  }
+  {
+    ValidationFixture f;
+    const headsum_status s = headsum_attention_tensors(&f.shape, nullptr, &f.tk, &f.tv, &f.to);
+    EXPECT_EQ(s, HEADSUM_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(headsum_last_error()).find("q is NULL"), std::string::npos);
+  }
+  {
+    ValidationFixture f;
+    f.tk.data = nullptr;
+    EXPECT_TRUE(f.Refused("k->data", "NULL"));
+  }
+  {
+    ValidationFixture f;
+    const int bogus = 7;
+    memcpy(&f.tv.dtype, &bogus, sizeof bogus);
+    EXPECT_TRUE(f.Refused("v->dtype = 7", "headsum_dtype"));
+  }
+  {
+    ValidationFixture f;
+    const int bogus = -1;
+    memcpy(&f.tq.dtype, &bogus, sizeof bogus);
+    EXPECT_TRUE(f.Refused("q->dtype = -1", "headsum_dtype"));
+  }
+  {
+    ValidationFixture f;
+    f.tq.strides[1] = -40;
+    EXPECT_TRUE(f.Refused("q->strides[1]", "negative"));
+  }
+  {
+    ValidationFixture f;
+    f.tk.data = reinterpret_cast<char*>(f.k.data()) + 2;
+    EXPECT_TRUE(f.Refused("k->data", "aligned"));
+  }
+  {
+    ValidationFixture f;
+    f.tk.dtype = HEADSUM_BF16;
+    f.tk.data = reinterpret_cast<char*>(f.k.data()) + 1;
+    EXPECT_TRUE(f.Refused("k->data", "aligned"));
+  }
+  {
+    ValidationFixture f;
+    f.to.strides[2] = 4;  // rows of 8 overlap
+    EXPECT_TRUE(f.Refused("out", "same element"));
+  }
+  {
+    ValidationFixture f;
+    f.to.strides[1] = 0;  // both heads into one place
+    EXPECT_TRUE(f.Refused("out", "same element"));
+  }
+  {
+    ValidationFixture f;
+    f.to.data = f.q.data() + 3;  // out overlaps q
+    EXPECT_EQ(headsum_attention_tensors(&f.shape, &f.tq, &f.tk, &f.tv, &f.to),
+              HEADSUM_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(headsum_last_error()).find("overlaps input q"), std::string::npos);
+  }
+  {
+    ValidationFixture f;
+    f.tv.strides[0] = INT64_MAX / 2;  // (B-1) = 0: fine
+    EXPECT_EQ(headsum_attention_tensors(&f.shape, &f.tq, &f.tk, &f.tv, &f.to), HEADSUM_OK);
+    f.shape.batch = 2;
+    f.tq.strides[0] = 0;
+    f.tk.strides[0] = 0;
+    f.tv.strides[0] = INT64_MAX / 2;
+    f.to.strides[0] = 0;  // out b stride 0 with B = 2: aliasing, but v is checked first
+    EXPECT_TRUE(f.Refused("v", "overflow"));
+  }
+  {
+    ValidationFixture f;
+    f.tq.strides[2] = INT64_MAX / 3;
+    EXPECT_TRUE(f.Refused("q", "overflow"));
+  }
+  {
+    // An output index of extent 1 may have stride 0; an input any stride >= 0.
+    ValidationFixture f;
+    f.shape.heads = 1;
+    f.shape.kv_heads = 1;
+    f.to.strides[1] = 0;
+    f.tq.strides[1] = 0;
+    EXPECT_EQ(headsum_attention_tensors(&f.shape, &f.tq, &f.tk, &f.tv, &f.to), HEADSUM_OK)
+        << headsum_last_error();
+  }
+}
+
+TEST(TensorValidation, ProjectionAndConvertRules) {
+  const int64_t B = 1, S = 3, H = 2, L = 4, D = 6;
+  headsum_proj_shape shape = {B, S, H, L, D};
+  std::vector<float> o = RandomUniform(size_t(B * H * S * L), -1, 1, 1);
+  std::vector<float> wo = RandomUniform(size_t(H * L * D), -1, 1, 2);
+  std::vector<float> y = Sentinels(size_t(B * S * D));
+  headsum_tensor to = headsum_bhsd(o.data(), HEADSUM_F32, H, S, L);
+  headsum_tensor tw = headsum_bhsd(wo.data(), HEADSUM_F32, 1, H * L, D);
+  headsum_tensor ty = headsum_bhsd(y.data(), HEADSUM_F32, 1, S, D);
+  ASSERT_EQ(headsum_project_heads_sum_tensors(&shape, &to, &tw, nullptr, &ty), HEADSUM_OK);
+  std::fill(y.begin(), y.end(), kSentinel);  // (in place: ty points into y)
+  const std::vector<float> before = y;
+  // wo's and y's unused strides are ignored, even negative.
+  tw.strides[0] = -5;
+  ty.strides[1] = -9;
+  EXPECT_EQ(headsum_project_heads_sum_tensors(&shape, &to, &tw, nullptr, &ty), HEADSUM_OK)
+      << headsum_last_error();
+  std::copy(before.begin(), before.end(), y.begin());
+  ty.strides[2] = 2;  // rows of 6 overlap
+  EXPECT_EQ(headsum_project_heads_sum_tensors(&shape, &to, &tw, nullptr, &ty),
+            HEADSUM_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(headsum_last_error()).find("y"), std::string::npos);
+  EXPECT_EQ(y, before);
+  ty.strides[2] = D;
+  tw.strides[2] = -1;
+  EXPECT_EQ(headsum_project_heads_sum_tensors(&shape, &to, &tw, nullptr, &ty),
+            HEADSUM_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(headsum_last_error()).find("wo->strides[2]"), std::string::npos);
+  tw.strides[2] = D;
+  // y over wo; y over the bias.
+  headsum_tensor ty_bad = ty;
+  ty_bad.data = wo.data() + 5;
+  EXPECT_EQ(headsum_project_heads_sum_tensors(&shape, &to, &tw, nullptr, &ty_bad),
+            HEADSUM_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(headsum_last_error()).find("overlaps input wo"), std::string::npos);
+  EXPECT_EQ(headsum_project_heads_sum_tensors(&shape, &to, &tw, y.data() + 2, &ty),
+            HEADSUM_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(headsum_last_error()).find("overlaps input bias"), std::string::npos);
+  EXPECT_EQ(y, before);
+  // Packed: null handle, shape mismatch.
+  EXPECT_EQ(headsum_project_heads_sum_packed_tensors(&shape, &to, nullptr, nullptr, &ty),
+            HEADSUM_ERR_INVALID_ARGUMENT);
+  headsum_wo_packed* packed = nullptr;
+  EXPECT_EQ(headsum_wo_pack_tensor(&shape, nullptr, &packed), HEADSUM_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(packed, nullptr);
+  // Convert: dims, overlap.
+  const int64_t dims[4] = {1, 1, S, D};
+  std::vector<uint16_t> dst(size_t(S * D), 0xBEEF);
+  headsum_tensor ts = headsum_bhsd(y.data(), HEADSUM_F32, 1, S, D);
+  headsum_tensor td = headsum_bhsd(dst.data(), HEADSUM_BF16, 1, S, D);
+  const int64_t zero_dims[4] = {1, 0, S, D};
+  EXPECT_EQ(headsum_convert(zero_dims, &ts, &td), HEADSUM_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(headsum_last_error()).find("dims[1] = 0"), std::string::npos);
+  EXPECT_EQ(headsum_convert(nullptr, &ts, &td), HEADSUM_ERR_INVALID_ARGUMENT);
+  headsum_tensor td_bad = td;
+  td_bad.data = y.data();
+  EXPECT_EQ(headsum_convert(dims, &ts, &td_bad), HEADSUM_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(headsum_last_error()).find("overlaps input src"), std::string::npos);
+  td_bad = td;
+  td_bad.strides[2] = 0;
+  EXPECT_EQ(headsum_convert(dims, &ts, &td_bad), HEADSUM_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(headsum_last_error()).find("same element"), std::string::npos);
+  EXPECT_EQ(y, before);
+  for (uint16_t x : dst) EXPECT_EQ(x, 0xBEEF);
+}
+
+}  // namespace
+}  // namespace headsum_test
