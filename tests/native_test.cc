@@ -15,6 +15,7 @@
 // 2^-11 A (f16).  The projection's only extra is a 16-bit y's rounding.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
@@ -200,12 +201,10 @@ AttnCase MakeAttnCase(const MhaShape& s, uint64_t seed) {
 // (0 for f32).
 std::vector<double> NativeAttentionBound(const RefAttnDims& d, const AttnCase& c, double out_u) {
   std::vector<double> bound = AttentionBound(d, c.q.values.data(), c.k.values.data(), c.v.values.data());
-  std::vector<float> abs_v(c.v.values.size());
-  for (size_t i = 0; i < abs_v.size(); ++i) abs_v[i] = std::fabs(c.v.values[i]);
-  const std::vector<double> probs =
-      RefSoftmaxRows(d, RefQkScores(d, c.q.values.data(), c.k.values.data()));
-  const std::vector<double> a = RefProbsTimesV(d, probs, abs_v.data());
-  for (size_t i = 0; i < bound.size(); ++i) bound[i] += kSafety * (kU16 + out_u) * a[i];
+  // kSafety 2^-8 A: P's rounding, and the output's (u A) on top.
+  const std::vector<double> pv =
+      NativeBf16PvBound(d, c.q.values.data(), c.k.values.data(), c.v.values.data());
+  for (size_t i = 0; i < bound.size(); ++i) bound[i] += pv[i] * (1.0 + out_u / kU16);
   return bound;
 }
 
@@ -448,6 +447,194 @@ TEST_P(NativeTest, ProjectionSixteenBitOut) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Paths, NativeTest, testing::ValuesIn(PathCases()), CaseName);
+
+// ---------------------------------------------------------------------------
+// Through the public API: the native paths as targets, fpmath.
+
+headsum_tensor Tensor(void* data, headsum_dtype t, int64_t H, int64_t S, int64_t L) {
+  return headsum_bhsd(data, t, H, S, L);
+}
+
+// The first native path this CPU runs, or nullptr.
+const Path* RunnableNative() {
+  for (const Path* const* p = headsum::native::CompiledPaths(); *p != nullptr; ++p) {
+    if ((*p)->cpu_runs()) return *p;
+  }
+  return nullptr;
+}
+
+std::string BestHighwayTarget() {
+  for (const std::string& name : CompiledTargetNames()) {
+    if (headsum::native::PathByName(name.c_str()) != nullptr) continue;
+    if (headsum_set_target(name.c_str()) == HEADSUM_OK) return name;
+  }
+  return "";
+}
+
+class NativeApi : public testing::Test {
+ protected:
+  void SetUp() override {
+    path_ = RunnableNative();
+    highway_ = BestHighwayTarget();
+    ASSERT_EQ(headsum_set_target(nullptr), HEADSUM_OK);
+    if (path_ == nullptr) GTEST_SKIP() << "this CPU runs no native path this build compiled";
+  }
+  void TearDown() override {
+    EXPECT_EQ(headsum_set_target(nullptr), HEADSUM_OK);
+    EXPECT_EQ(headsum_set_fpmath(HEADSUM_FPMATH_STRICT), HEADSUM_OK);
+    EXPECT_EQ(headsum_set_num_threads(0), HEADSUM_OK);
+  }
+  const Path* path_ = nullptr;
+  std::string highway_;
+};
+
+TEST(NativeTargets, ListedFirstAndTheBestRunnableIsTheDefault) {
+  const std::vector<std::string> names = CompiledTargetNames();
+  size_t n_native = 0;
+  for (const Path* const* p = headsum::native::CompiledPaths(); *p != nullptr; ++p, ++n_native) {
+    ASSERT_LT(n_native, names.size());
+    EXPECT_EQ(names[n_native], (*p)->name);  // native paths first, best first
+  }
+  ASSERT_EQ(headsum_set_target(nullptr), HEADSUM_OK);
+  const Path* best = RunnableNative();
+  if (best != nullptr) EXPECT_STREQ(headsum_active_target(), best->name);
+  for (const Path* const* p = headsum::native::CompiledPaths(); *p != nullptr; ++p) {
+    const headsum_status st = headsum_set_target((*p)->name);
+    if (!(*p)->cpu_runs()) {
+      EXPECT_EQ(st, HEADSUM_ERR_UNSUPPORTED) << (*p)->name;
+      continue;
+    }
+    ASSERT_EQ(st, HEADSUM_OK) << headsum_last_error();
+    EXPECT_STREQ(headsum_active_target(), (*p)->name);
+  }
+  EXPECT_EQ(headsum_set_target(nullptr), HEADSUM_OK);
+}
+
+TEST(NativeTargets, FpmathRejectsUnknownModes) {
+  EXPECT_EQ(headsum_get_fpmath(), HEADSUM_FPMATH_STRICT);
+  EXPECT_EQ(headsum_set_fpmath(7), HEADSUM_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(headsum_last_error()).find("mode = 7"), std::string::npos);
+  EXPECT_EQ(headsum_get_fpmath(), HEADSUM_FPMATH_STRICT);
+  EXPECT_EQ(headsum_set_fpmath(HEADSUM_FPMATH_BF16), HEADSUM_OK);
+  EXPECT_EQ(headsum_get_fpmath(), HEADSUM_FPMATH_BF16);
+  EXPECT_EQ(headsum_set_fpmath(HEADSUM_FPMATH_STRICT), HEADSUM_OK);
+}
+
+// bf16 calls run the native kernel (bitwise its result, any thread count),
+// a Highway target turns it off (f32 arithmetic, within the f32 bound);
+// f32 inputs take it only under fpmath BF16, and then give bitwise the
+// result of their bf16 roundings.
+TEST_F(NativeApi, AttentionRoutesByTargetDtypeAndFpmath) {
+  for (const MhaShape& s : {MhaShape{1, 8, 8, 20, 20, 64, 512, true}, MhaShape{1, 8, 2, 1, 1300, 64, 512, false},
+                            MhaShape{2, 4, 4, 130, 130, 80, 96, false}}) {
+    SCOPED_TRACE(s.name());
+    const headsum_attn_shape shape = s.attn();
+    const AttnDims a = Dims(shape);
+    AttnCase c = MakeAttnCase(s, 11);
+    const int64_t H = s.heads, Hkv = s.resolved_kv_heads(), Sq = s.seq_q, Skv = s.seq_kv, L = s.head_dim;
+    headsum_tensor q = Tensor(c.q.bits.data(), HEADSUM_BF16, H, Sq, L);
+    headsum_tensor k = Tensor(c.k.bits.data(), HEADSUM_BF16, Hkv, Skv, L);
+    headsum_tensor v = Tensor(c.v.bits.data(), HEADSUM_BF16, Hkv, Skv, L);
+    // The kernel itself.
+    std::vector<float> direct(s.out_elems(), kSentinel);
+    AttnViews views;
+    views.q = Bhsd(c.q.bits.data(), DType::kBF16, a.heads, a.seq_q, a.head_dim);
+    views.k = Bhsd(c.k.bits.data(), DType::kBF16, a.kv_heads, a.seq_kv, a.head_dim);
+    views.v = Bhsd(c.v.bits.data(), DType::kBF16, a.kv_heads, a.seq_kv, a.head_dim);
+    views.out = Bhsd(direct.data(), DType::kF32, a.heads, a.seq_q, a.head_dim);
+    RunAttention(*path_, a, views, 1);
+    for (int threads : {1, 2}) {
+      ASSERT_EQ(headsum_set_num_threads(threads), HEADSUM_OK);
+      std::vector<float> got(s.out_elems(), kSentinel);
+      headsum_tensor o = Tensor(got.data(), HEADSUM_F32, H, Sq, L);
+      ASSERT_EQ(headsum_attention_tensors(&shape, &q, &k, &v, &o), HEADSUM_OK) << headsum_last_error();
+      EXPECT_TRUE(BitwiseEqual(direct, got, HeadsLayout(s))) << threads << " threads";
+    }
+    // A Highway target: f32 arithmetic, the f32 bound.
+    ASSERT_EQ(headsum_set_target(highway_.c_str()), HEADSUM_OK);
+    EXPECT_EQ(headsum_active_target(), highway_);
+    std::vector<float> hwy_out(s.out_elems(), kSentinel);
+    headsum_tensor o = Tensor(hwy_out.data(), HEADSUM_F32, H, Sq, L);
+    ASSERT_EQ(headsum_attention_tensors(&shape, &q, &k, &v, &o), HEADSUM_OK);
+    const RefAttnDims d(shape);
+    EXPECT_TRUE(AllWithinBound(RefAttention(d, c.q.values.data(), c.k.values.data(), c.v.values.data()),
+                               AttentionBound(d, c.q.values.data(), c.k.values.data(), c.v.values.data()),
+                               hwy_out, HeadsLayout(s)));
+    // f32 inputs on the native target: strict keeps them on f32 (= Highway).
+    ASSERT_EQ(headsum_set_target(path_->name), HEADSUM_OK);
+    std::vector<float> f32_out(s.out_elems(), kSentinel);
+    ASSERT_EQ(headsum_attention(&shape, c.q.values.data(), c.k.values.data(), c.v.values.data(),
+                                f32_out.data()), HEADSUM_OK);
+    EXPECT_TRUE(BitwiseEqual(hwy_out, f32_out, HeadsLayout(s))) << "strict";
+    // fpmath BF16: the f32 inputs (already bf16 values) go native.
+    ASSERT_EQ(headsum_set_fpmath(HEADSUM_FPMATH_BF16), HEADSUM_OK);
+    ASSERT_EQ(headsum_attention(&shape, c.q.values.data(), c.k.values.data(), c.v.values.data(),
+                                f32_out.data()), HEADSUM_OK);
+    EXPECT_TRUE(BitwiseEqual(direct, f32_out, HeadsLayout(s))) << "fpmath bf16";
+    ASSERT_EQ(headsum_set_fpmath(HEADSUM_FPMATH_STRICT), HEADSUM_OK);
+  }
+}
+
+TEST_F(NativeApi, ProjectionRoutesByTargetDtypeAndFpmath) {
+  const MhaShape s{2, 8, 8, 70, 70, 64, 200, false};
+  const headsum_proj_shape shape = s.proj();
+  ProjDims p{size_t(s.batch), size_t(s.seq_q), size_t(s.heads), size_t(s.head_dim), size_t(s.model_dim)};
+  Bf16Data o = RandomBf16(s.out_elems(), -1, 1, 21), wo = RandomBf16(s.wo_elems(), -1, 1, 22);
+  const std::vector<float> bias = RandomUniform(size_t(s.model_dim), -1, 1, 23);
+  // The kernel itself, one item per (row block, panel).
+  std::vector<float> direct(s.y_elems(), kSentinel);
+  {
+    std::vector<uint16_t> packed(headsum::native::PackedWoElements(p));
+    path_->pack_wo(p, View(wo.bits.data(), DType::kBF16, 0, 0, p.model_dim), packed.data(), 0,
+                   headsum::native::Panels(p));
+    const TensorView heads = Bhsd(o.bits.data(), DType::kBF16, p.heads, p.seq, p.head_dim);
+    const TensorView yv = View(direct.data(), DType::kF32, p.seq * p.model_dim, 0, p.model_dim);
+    Scratch sc(path_->project_scratch(p));
+    for (size_t b = 0; b < p.batch; ++b)
+      for (size_t s0 = 0; s0 < p.seq; s0 += headsum::native::kProjRows)
+        path_->project_rows(p, heads, packed.data(), bias.data(), yv, b, s0,
+                            std::min(s0 + headsum::native::kProjRows, p.seq), 0,
+                            headsum::native::Panels(p), sc.p);
+  }
+  headsum_tensor heads = Tensor(o.bits.data(), HEADSUM_BF16, s.heads, s.seq_q, s.head_dim);
+  headsum_tensor wo_t = {wo.bits.data(), HEADSUM_BF16, {0, 0, s.model_dim}};
+  std::vector<float> got(s.y_elems(), kSentinel);
+  headsum_tensor y = {got.data(), HEADSUM_F32, {s.seq_q * s.model_dim, 0, s.model_dim}};
+  for (int threads : {1, 2}) {
+    ASSERT_EQ(headsum_set_num_threads(threads), HEADSUM_OK);
+    ASSERT_EQ(headsum_project_heads_sum_tensors(&shape, &heads, &wo_t, bias.data(), &y), HEADSUM_OK)
+        << headsum_last_error();
+    EXPECT_TRUE(BitwiseEqual(direct, got, YLayout(s))) << threads << " threads";
+  }
+  // A handle packed with the native path in force serves it, bitwise.
+  headsum_wo_packed* packed = nullptr;
+  ASSERT_EQ(headsum_wo_pack_tensor(&shape, &wo_t, &packed), HEADSUM_OK);
+  std::fill(got.begin(), got.end(), kSentinel);
+  ASSERT_EQ(headsum_project_heads_sum_packed_tensors(&shape, &heads, packed, bias.data(), &y), HEADSUM_OK);
+  EXPECT_TRUE(BitwiseEqual(direct, got, YLayout(s))) << "packed";
+  // On a Highway target the same handle gives the f32 arithmetic.
+  ASSERT_EQ(headsum_set_target(highway_.c_str()), HEADSUM_OK);
+  std::vector<float> hwy_y(s.y_elems(), kSentinel);
+  headsum_tensor yh = {hwy_y.data(), HEADSUM_F32, {s.seq_q * s.model_dim, 0, s.model_dim}};
+  ASSERT_EQ(headsum_project_heads_sum_packed_tensors(&shape, &heads, packed, bias.data(), &yh), HEADSUM_OK);
+  headsum_wo_free(packed);
+  const RefProjDims d(shape);
+  EXPECT_TRUE(AllWithinBound(RefConcatProject(d, o.values.data(), wo.values.data(), bias.data()),
+                             ProjectionBound(d, AbsContributions(d, o.values.data(), wo.values.data()),
+                                             nullptr, bias.data()),
+                             hwy_y, YLayout(s)));
+  // f32 inputs: strict = Highway; fpmath BF16 = the native result.
+  ASSERT_EQ(headsum_set_target(path_->name), HEADSUM_OK);
+  std::vector<float> f32_y(s.y_elems(), kSentinel);
+  ASSERT_EQ(headsum_project_heads_sum(&shape, o.values.data(), wo.values.data(), bias.data(),
+                                      f32_y.data()), HEADSUM_OK);
+  EXPECT_TRUE(BitwiseEqual(hwy_y, f32_y, YLayout(s))) << "strict";
+  ASSERT_EQ(headsum_set_fpmath(HEADSUM_FPMATH_BF16), HEADSUM_OK);
+  ASSERT_EQ(headsum_project_heads_sum(&shape, o.values.data(), wo.values.data(), bias.data(),
+                                      f32_y.data()), HEADSUM_OK);
+  EXPECT_TRUE(BitwiseEqual(direct, f32_y, YLayout(s))) << "fpmath bf16";
+  ASSERT_EQ(headsum_set_fpmath(HEADSUM_FPMATH_STRICT), HEADSUM_OK);
+}
 
 // Conversions used by every path's 16-bit outputs: round to nearest even,
 // NaN stays NaN, beyond f16's range is inf, subnormals.
