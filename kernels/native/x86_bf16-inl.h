@@ -194,6 +194,12 @@ inline bool PackVPairs(const TensorView& v, size_t b, size_t g, size_t j0, size_
     }
     const char* row0 = v.Row(b, g, j0 + j);
     const char* row1 = j + 1 < nj ? v.Row(b, g, j0 + j + 1) : nullptr;
+    // The rows 16 keys ahead: V streams from L3 or memory in a decode.
+    const size_t row_bytes = L * DTypeBytes(v.dtype);
+    for (size_t at = 0; at < row_bytes; at += 64) {
+      _mm_prefetch(v.Row(b, g, j0 + j + 16) + at, _MM_HINT_T0);
+      _mm_prefetch(v.Row(b, g, j0 + j + 17) + at, _MM_HINT_T0);
+    }
     for (size_t d0 = 0; d0 < Lv; d0 += 32) {
       const size_t n = d0 < L ? MinSize(32, L - d0) : 0;
       const __m512i a = Load32Bf16(row0, v.dtype, d0, n);
@@ -483,6 +489,65 @@ inline void Avx512Group(const AttnDims& a, const AttnScratch& s, size_t r0, size
            s.acc + r0 * s.Lv);
 }
 
+// Sum of each of 16 vectors, as one vector: lane m holds the sum of
+// v[4 (m % 4) + m / 4] (the network's natural order is that 4 x 4
+// transpose; callers store key j's vector at slot 4 (j % 4) + j / 4 so that
+// lane j holds key j).
+inline __m512 Reduce16(__m512 v[16]) {
+  __m512 w[8], u[4], z[2];
+  for (int i = 0; i < 8; ++i) {
+    w[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44),
+                         _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xEE));
+  }
+  for (int i = 0; i < 4; ++i) {
+    u[i] = _mm512_add_ps(_mm512_shuffle_f32x4(w[2 * i], w[2 * i + 1], 0x88),
+                         _mm512_shuffle_f32x4(w[2 * i], w[2 * i + 1], 0xDD));
+  }
+  for (int i = 0; i < 2; ++i) {
+    z[i] = _mm512_add_ps(_mm512_shuffle_ps(u[2 * i], u[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_ps(u[2 * i], u[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  }
+  return _mm512_add_ps(_mm512_shuffle_ps(z[0], z[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_ps(z[0], z[1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+// A decode step's one query row against bf16 K read in place (no K^T
+// packing, which would cost more than the row's own products): 16 keys at a
+// time, each a VDPBF16PS chain over the dims, then one reduction of the 16.
+// Needs L <= 128 (the row's Q in 4 registers).
+constexpr size_t kDirectMaxDim = 128;
+inline void ScoresOneRowDirect(const uint16_t* q, size_t L, const TensorView& k, size_t b,
+                               size_t g, size_t j0, size_t nj, float* s) {
+  const size_t chunks = (L + 31) / 32;
+  __m512bh qv[4];
+  for (size_t c = 0; c < 4; ++c) {
+    qv[c] = (__m512bh)(c < chunks ? _mm512_loadu_si512(q + 32 * c) : _mm512_setzero_si512());
+  }
+  const __mmask32 last = Mask32(L - 32 * (chunks - 1));
+  const char* base = k.Row(b, g, j0);
+  const size_t stride = k.ss * sizeof(uint16_t);
+  for (size_t t = 0; t < nj; t += 16) {
+    __m512 acc[16];
+    for (int kk = 0; kk < 16; ++kk) {
+      const int slot = 4 * (kk % 4) + kk / 4;
+      __m512 a = _mm512_setzero_ps();
+      if (t + kk < nj) {
+        const uint16_t* row = reinterpret_cast<const uint16_t*>(base + (t + kk) * stride);
+        // The rows 32 keys ahead (K streams from L3 or memory in a decode).
+        const char* ahead = base + (t + kk + 32) * stride;
+        for (size_t c = 0; c < 2 * chunks; ++c) _mm_prefetch(ahead + 64 * c, _MM_HINT_T0);
+        for (size_t c = 0; c + 1 < chunks; ++c) {
+          a = _mm512_dpbf16_ps(a, qv[c], (__m512bh)_mm512_loadu_si512(row + 32 * c));
+        }
+        a = _mm512_dpbf16_ps(a, qv[chunks - 1],
+                             (__m512bh)_mm512_maskz_loadu_epi16(last, row + 32 * (chunks - 1)));
+      }
+      acc[slot] = a;
+    }
+    _mm512_storeu_ps(s + t, Reduce16(acc));
+  }
+}
+
 // Rows [r0, r1) of the work item on VDPBF16PS, four at a time.
 inline void Avx512Rows(const AttnDims& a, const AttnScratch& s, size_t i0, size_t r0, size_t r1,
                        size_t j0, size_t nj, float scale2, bool v_nonfinite) {
@@ -507,7 +572,7 @@ inline float Base2Scale(const AttnDims& a) { return a.scale * 1.4426950408889634
 template <class BlockFn>
 inline void AttentionItem(const AttnDims& a, const AttnViews& v, size_t b, size_t h, size_t i0,
                           size_t i1, size_t key_begin, size_t key_end, float* partial,
-                          const AttnScratch& s, const BlockFn& block_fn) {
+                          const AttnScratch& s, const BlockFn& block_fn, bool pack_kt = true) {
   const size_t L = a.head_dim, rows = i1 - i0, g = h / a.group();
   PackQ(v.q, b, h, i0, rows, L, s.Lp, s.qp);
   // Rows up to a multiple of 16: an AMX group may run past the last row.
@@ -520,7 +585,7 @@ inline void AttentionItem(const AttnDims& a, const AttnViews& v, size_t b, size_
   const size_t keys_needed = MinSize(last_visible, key_end);
   for (size_t j0 = key_begin; j0 < keys_needed; j0 += kKeyBlock) {
     const size_t nj = MinSize(kKeyBlock, keys_needed - j0);
-    PackKT(v.k, b, g, j0, nj, L, s.Lp, s.kt);
+    if (pack_kt) PackKT(v.k, b, g, j0, nj, L, s.Lp, s.kt);
     const bool v_nonfinite = PackVPairs(v.v, b, g, j0, nj, L, s.Lv, s.vp);
     block_fn(j0, nj, v_nonfinite);
   }
@@ -532,6 +597,26 @@ inline void Avx512AttentionRows(const AttnDims& a, const AttnViews& v, size_t b,
                                 float* partial, float* scratch) {
   const AttnScratch s = CarveAttnScratch(a, scratch);
   const float scale2 = Base2Scale(a);
+  if (i1 - i0 == 1 && v.k.dtype == DType::kBF16 && a.head_dim <= kDirectMaxDim) {
+    // One row (a decode step of one query head): K read in place.
+    const size_t g = h / a.group();
+    AttentionItem(a, v, b, h, i0, i1, key_begin, key_end, partial, s,
+                  [&](size_t j0, size_t nj, bool v_nonfinite) {
+                    size_t keys[1];
+                    BlockKeys(a, i0, 1, j0, nj, keys);
+                    if (keys[0] == 0) return;
+                    ScoresOneRowDirect(s.qp, a.head_dim, v.k, b, g, j0, nj, s.s);
+                    size_t redo[1];
+                    const size_t n_redo = SoftmaxGroup(s.s, 1, nj, keys, scale2, s.m, s.l, s.corr,
+                                                       s.p, v_nonfinite, s.acc, s.Lv, s.saved,
+                                                       redo);
+                    PvGroup<1>(s.p, s.vp, s.Lv, nj, s.corr, s.acc);
+                    RedoRows(n_redo, redo, s.p, s.vp, s.Lv, a.head_dim, keys, s.corr, s.saved,
+                             s.acc);
+                  },
+                  /*pack_kt=*/false);
+    return;
+  }
   AttentionItem(a, v, b, h, i0, i1, key_begin, key_end, partial, s,
                 [&](size_t j0, size_t nj, bool v_nonfinite) {
                   Avx512Rows(a, s, i0, 0, i1 - i0, j0, nj, scale2, v_nonfinite);
