@@ -104,6 +104,33 @@ inline __m512 Exp2(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
+// n f32 values to dst in `dtype`, as StoreRow (native.h) does: 16-bit
+// outputs rounded to nearest even (VCVTNEPS2BF16, VCVTPS2PH).  A vector
+// holding an f32 subnormal takes StoreRow (VCVTNEPS2BF16 would flush it).
+inline void StoreRowX86(const float* src, size_t n, DType dtype, void* dst) {
+  if (dtype == DType::kF32) {
+    memcpy(dst, src, n * sizeof(float));
+    return;
+  }
+  uint16_t* d = static_cast<uint16_t*>(dst);
+  const __m512 min_normal = _mm512_set1_ps(std::numeric_limits<float>::min());
+  for (size_t i = 0; i < n; i += 16) {
+    const __mmask16 k = Mask16(n - i);
+    const __m512 x = _mm512_maskz_loadu_ps(k, src + i);
+    if (dtype == DType::kBF16) {
+      const __mmask16 tiny = _mm512_mask_cmp_ps_mask(k, _mm512_abs_ps(x), min_normal, _CMP_LT_OQ) &
+                             _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_NEQ_UQ);
+      if (tiny != 0) {
+        StoreRow(src + i, MinSize(16, n - i), dtype, d + i);
+        continue;
+      }
+      _mm256_mask_storeu_epi16(d + i, k, (__m256i)_mm512_cvtneps_pbh(x));
+    } else {
+      _mm256_mask_storeu_epi16(d + i, k, _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------
 // Packing.
 
@@ -354,7 +381,7 @@ inline void FinishRows(const AttnDims& a, const AttnViews& v, size_t b, size_t h
     for (size_t c = 0; c < s.Lv; c += 16) {
       _mm512_storeu_ps(s.row + c, _mm512_mul_ps(_mm512_loadu_ps(acc_r + c), vinv));
     }
-    StoreRow(s.row, L, v.out.dtype, v.out.Row(b, h, i0 + r));
+    StoreRowX86(s.row, L, v.out.dtype, v.out.Row(b, h, i0 + r));
   }
 }
 
@@ -685,7 +712,7 @@ inline void StoreYRows(const float* tile, size_t ld, size_t rows, const float* b
       if (bias) x = _mm512_add_ps(x, _mm512_maskz_loadu_ps(k, bias + c0 + c));
       _mm512_mask_storeu_ps(row + c, k, x);
     }
-    StoreRow(row, n, y.dtype, y.Row(b, 0, s0 + r) + c0 * DTypeBytes(y.dtype));
+    StoreRowX86(row, n, y.dtype, y.Row(b, 0, s0 + r) + c0 * DTypeBytes(y.dtype));
   }
 }
 
