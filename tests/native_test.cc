@@ -14,6 +14,8 @@
 // A 16-bit output adds its own rounding, <= u16 |O| <= u16 A (bf16) or
 // 2^-11 A (f16).  The projection's only extra is a 16-bit y's rounding.
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -380,6 +382,56 @@ TEST_P(NativeTest, NaNInValuesReachesOnlyTheRowsThatSeeIt) {
         for (size_t l = 0; l < a.head_dim; ++l) ASSERT_TRUE(std::isfinite(out[i * a.head_dim + l]));
       }
     }
+  }
+}
+
+// Every operand flush against a PROT_NONE page (its last element the last
+// byte before it): a read or write past any view's end faults.
+class GuardedBf16 {
+ public:
+  explicit GuardedBf16(const std::vector<uint16_t>& values) {
+    const size_t page = size_t(sysconf(_SC_PAGESIZE)), bytes = values.size() * 2;
+    pages_ = (bytes + page - 1) / page + 1;
+    map_ = static_cast<char*>(mmap(nullptr, pages_ * page, PROT_READ | PROT_WRITE,
+                                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+    if (map_ == MAP_FAILED) std::abort();
+    if (mprotect(map_ + (pages_ - 1) * page, page, PROT_NONE) != 0) std::abort();
+    data_ = reinterpret_cast<uint16_t*>(map_ + (pages_ - 1) * page - bytes);
+    std::memcpy(data_, values.data(), bytes);
+  }
+  ~GuardedBf16() { munmap(map_, pages_ * size_t(sysconf(_SC_PAGESIZE))); }
+  uint16_t* data() { return data_; }
+
+ private:
+  char* map_;
+  size_t pages_;
+  uint16_t* data_;
+};
+
+TEST_P(NativeTest, NoAccessPastAnyView) {
+  for (const MhaShape& s : {MhaShape{1, 2, 1, 1, 1100, 64, 40, false}, MhaShape{1, 2, 2, 1, 77, 7, 17, false},
+                            MhaShape{1, 3, 1, 21, 37, 80, 33, true}, MhaShape{1, 1, 1, 70, 70, 96, 96, false}}) {
+    SCOPED_TRACE(s.name());
+    const AttnDims a = Dims(s.attn());
+    AttnCase c = MakeAttnCase(s, 3);
+    GuardedBf16 q(c.q.bits), k(c.k.bits), v(c.v.bits), out(std::vector<uint16_t>(s.out_elems()));
+    AttnViews views;
+    views.q = Bhsd(q.data(), DType::kBF16, a.heads, a.seq_q, a.head_dim);
+    views.k = Bhsd(k.data(), DType::kBF16, a.kv_heads, a.seq_kv, a.head_dim);
+    views.v = Bhsd(v.data(), DType::kBF16, a.kv_heads, a.seq_kv, a.head_dim);
+    views.out = Bhsd(out.data(), DType::kBF16, a.heads, a.seq_q, a.head_dim);
+    RunAttention(*path_, a, views, 1);
+    // The projection of the same rows: O, Wo and y against guard pages.
+    ProjDims p{size_t(s.batch), size_t(s.seq_q), size_t(s.heads), size_t(s.head_dim), size_t(s.model_dim)};
+    GuardedBf16 wo(RandomBf16(s.wo_elems(), -1, 1, 9).bits), y(std::vector<uint16_t>(s.y_elems()));
+    std::vector<uint16_t> packed(headsum::native::PackedWoElements(p));
+    path_->pack_wo(p, View(wo.data(), DType::kBF16, 0, 0, p.model_dim), packed.data(), 0,
+                   headsum::native::Panels(p));
+    Scratch sc(path_->project_scratch(p));
+    path_->project_rows(p, views.out, packed.data(), nullptr,
+                        View(y.data(), DType::kBF16, p.seq * p.model_dim, 0, p.model_dim), 0, 0,
+                        std::min(p.seq, headsum::native::kProjRows), 0, headsum::native::Panels(p),
+                        sc.p);
   }
 }
 
