@@ -549,7 +549,9 @@ TEST(NativeTargets, ListedFirstAndTheBestRunnableIsTheDefault) {
   }
   ASSERT_EQ(headsum_set_target(nullptr), HEADSUM_OK);
   const Path* best = RunnableNative();
-  if (best != nullptr) EXPECT_STREQ(headsum_active_target(), best->name);
+  if (best != nullptr) {
+    EXPECT_STREQ(headsum_active_target(), best->name);
+  }
   for (const Path* const* p = headsum::native::CompiledPaths(); *p != nullptr; ++p) {
     const headsum_status st = headsum_set_target((*p)->name);
     if (!(*p)->cpu_runs()) {
