@@ -3,6 +3,8 @@
 #ifndef HEADSUM_BENCH_PEAK_H_
 #define HEADSUM_BENCH_PEAK_H_
 
+#include <stddef.h>
+
 namespace headsum {
 namespace bench {
 
@@ -12,13 +14,20 @@ struct Peak {
 };
 
 // Runs independent FMA chains on the calling thread for a few tens of
-// milliseconds at the best Highway target this CPU supports; best of 5.
+// milliseconds at the best Highway target this CPU supports; best of 5, each
+// timed by the thread's CPU clock (time the thread waited for the core does
+// not count).
 Peak MeasureSingleCorePeak();
 
 // The same probe forced onto the Highway target named `target` ("AVX2",
 // "SSE4"...): that target's own peak, the yardstick of its kernels.  0 when
 // this build did not compile it or the CPU cannot run it.
 double MeasureTargetPeak(const char* target);
+
+// The read-bandwidth probe's kernel: the sum of n floats at p, p 64-byte
+// aligned and n a multiple of 128 (every target's 8 vectors), at the best
+// target this CPU supports.
+float SumFloats(const float* p, size_t n);
 
 }  // namespace bench
 }  // namespace headsum

@@ -5,6 +5,10 @@ include(CMakePackageConfigHelpers)
 
 install(TARGETS headsum EXPORT headsumTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
+if(TARGET headsum_mpi)
+  install(TARGETS headsum_mpi EXPORT headsumTargets
+          ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
+endif()
 install(DIRECTORY include/headsum DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(EXPORT headsumTargets NAMESPACE headsum::
         DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/headsum)

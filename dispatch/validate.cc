@@ -207,16 +207,63 @@ headsum_status CheckTensor(const char* fn, const char* name, const headsum_tenso
       return x.stride != y.stride ? x.stride < y.stride : x.index > y.index;
     });
     uint64_t inner = 0;  // largest offset the smaller strides reach
-    for (int i = 0; i < n; ++i) {
-      if (axes[i].stride <= inner) {
-        static const char* kName[4] = {"b", "h", "s", "l"};
-        return Fail(HEADSUM_ERR_INVALID_ARGUMENT, fn,
-                    "%s is an output in which two indices reach the same element: index %s "
-                    "(extent %" PRIu64 ") has stride %" PRIu64
-                    ", within the %" PRIu64 " elements the smaller strides span",
-                    name, kName[axes[i].index], axes[i].extent, axes[i].stride, inner + 1);
-      }
+    bool nested = true;
+    for (int i = 0; i < n && nested; ++i) {
+      nested = axes[i].stride > inner;
       inner += (axes[i].extent - 1) * axes[i].stride;
+    }
+    if (!nested) {
+      // Strides that do not nest can still be injective (interleaved
+      // layouts): look for two indices that meet, i.e. a nonzero d with
+      // |d_i| < extent_i and sum_i d_i stride_i = 0, by enumerating d over
+      // every axis but the largest-stride one and solving for that one.
+      static const char* kName[4] = {"b", "h", "s", "l"};
+      uint64_t cases = 1;
+      for (int i = 0; i + 1 < n; ++i) {
+        if (__builtin_mul_overflow(cases, 2 * axes[i].extent - 1, &cases)) cases = UINT64_MAX;
+      }
+      constexpr uint64_t kMaxCases = uint64_t{1} << 22;
+      if (cases > kMaxCases) {
+        return Fail(HEADSUM_ERR_INVALID_ARGUMENT, fn,
+                    "%s is an output whose strides do not nest (each larger than the span of "
+                    "the smaller ones) and whose indices are too many to show that no two "
+                    "reach the same element", name);
+      }
+      int64_t d[4] = {0, 0, 0, 0};
+      for (int i = 0; i + 1 < n; ++i) d[i] = -static_cast<int64_t>(axes[i].extent - 1);
+      const Axis& last = axes[n - 1];
+      for (uint64_t c = 0; c < cases; ++c) {
+        __int128 sum = 0;
+        bool zero = true;
+        for (int i = 0; i + 1 < n; ++i) {
+          sum += static_cast<__int128>(d[i]) * axes[i].stride;
+          zero &= d[i] == 0;
+        }
+        // d_last * stride_last = -sum with |d_last| < extent_last, d != 0.
+        bool meet;
+        if (last.stride == 0) {
+          meet = sum == 0;  // (zero: d_last = 1 also meets, extent > 1)
+        } else {
+          const __int128 q = -sum / static_cast<__int128>(last.stride);
+          meet = -sum % static_cast<__int128>(last.stride) == 0 &&
+                 q < static_cast<__int128>(last.extent) &&
+                 -q < static_cast<__int128>(last.extent) && !(zero && q == 0);
+        }
+        if (meet) {
+          return Fail(HEADSUM_ERR_INVALID_ARGUMENT, fn,
+                      "%s is an output in which two indices reach the same element "
+                      "(index %s has stride %" PRIu64 ", extent %" PRIu64
+                      "; the strides do not nest)",
+                      name, kName[last.index], last.stride, last.extent);
+        }
+        for (int i = 0; i + 1 < n; ++i) {  // next d, odometer order
+          if (d[i] < static_cast<int64_t>(axes[i].extent - 1)) {
+            ++d[i];
+            break;
+          }
+          d[i] = -static_cast<int64_t>(axes[i].extent - 1);
+        }
+      }
     }
   }
   view->data = t->data;

@@ -31,6 +31,7 @@
 #include <cmath>
 #include <limits>
 
+#include "hwy/cache_control.h"
 #include "kernels/convert-inl.h"
 #include "kernels/matmul-inl.h"
 #include "kernels/shapes.h"
@@ -69,20 +70,23 @@ struct FlashScratch {
   float* s_row;   // [kDotKeyTile] the dot path's scores
   float* k_t;     // [L][kKeyTile] scale log2(e) K^T of a tile (keys-in-lanes path)
   float* q_rows;  // [kQueryBlock][L] 16-bit Q rows widened
-  float* k_rows;  // [kDotKeyTile][L] 16-bit K rows of a tile widened
-  float* v_rows;  // [kDotKeyTile][L] 16-bit V rows of a tile widened
+  float* k_rows;  // [kKeyTile][L] 16-bit K rows of a tile widened (block paths)
+  float* v_rows;  // [kKeyTile][L] 16-bit V rows of a tile widened (block paths)
 };
 
 // Floats of widened rows a 16-bit operand needs (0 for f32: read in place).
 inline size_t WidenedFloats(const TensorView& t, size_t rows, size_t L) {
   return t.IsF32() ? 0 : rows * L;
 }
+// Rows of a widened K or V tile: none when every block runs on the dot path
+// (which reads 16-bit rows in place).
+inline size_t WidenedKvRows(const AttnDims& a) { return a.seq_q <= kDotRows ? 0 : kKeyTile; }
 
 inline size_t AttentionScratch(const AttnDims& a, const AttnViews& v) {
   const size_t ldw = QueryColumns(kQueryBlock), L = a.head_dim;
   return ldw * L + kKeyTile * ldw + kQueryBlock * L + 4 * ldw + kDotKeyTile + L * kKeyTile +
-         WidenedFloats(v.q, kQueryBlock, L) + WidenedFloats(v.k, kDotKeyTile, L) +
-         WidenedFloats(v.v, kDotKeyTile, L);
+         WidenedFloats(v.q, kQueryBlock, L) + WidenedFloats(v.k, WidenedKvRows(a), L) +
+         WidenedFloats(v.v, WidenedKvRows(a), L);
 }
 
 inline FlashScratch CarveFlashScratch(const AttnDims& a, const AttnViews& v, float* scratch) {
@@ -99,7 +103,7 @@ inline FlashScratch CarveFlashScratch(const AttnDims& a, const AttnViews& v, flo
   f.k_t = f.s_row + kDotKeyTile;
   f.q_rows = f.k_t + a.head_dim * kKeyTile;
   f.k_rows = f.q_rows + WidenedFloats(v.q, kQueryBlock, a.head_dim);
-  f.v_rows = f.k_rows + WidenedFloats(v.k, kDotKeyTile, a.head_dim);
+  f.v_rows = f.k_rows + WidenedFloats(v.k, WidenedKvRows(a), a.head_dim);
   return f;
 }
 
@@ -172,8 +176,9 @@ inline void FinishRows(size_t rows, size_t L, float* HWY_RESTRICT acc,
 // acc[:] = corr * acc[:] + sum_{j < n} p[j] V[j][:].  The sum over the keys
 // stays in registers: per block of columns, two FMA chains per vector (even
 // and odd keys), added at the end, so acc is read and written once per tile.
+template <class TV>
 HWY_INLINE void RescaleAddWeightedRows(const float* HWY_RESTRICT p, size_t n,
-                                       const float* HWY_RESTRICT v, size_t ldv, size_t L,
+                                       const TV* HWY_RESTRICT v, size_t ldv, size_t L,
                                        float corr, float* HWY_RESTRICT acc) {
   const hn::ScalableTag<float> d;
   const size_t N = hn::Lanes(d);
@@ -182,25 +187,25 @@ HWY_INLINE void RescaleAddWeightedRows(const float* HWY_RESTRICT p, size_t n,
   for (; c + 4 * N <= L; c += 4 * N) {
     auto e0 = hn::Zero(d), e1 = hn::Zero(d), e2 = hn::Zero(d), e3 = hn::Zero(d);
     auto o0 = hn::Zero(d), o1 = hn::Zero(d), o2 = hn::Zero(d), o3 = hn::Zero(d);
-    const float* HWY_RESTRICT v_c = v + c;
+    const TV* HWY_RESTRICT v_c = v + c;
     size_t j = 0;
     for (; j + 2 <= n; j += 2, v_c += 2 * ldv) {
       const auto pe = hn::Set(d, p[j]), po = hn::Set(d, p[j + 1]);
-      e0 = hn::MulAdd(pe, hn::LoadU(d, v_c), e0);
-      e1 = hn::MulAdd(pe, hn::LoadU(d, v_c + N), e1);
-      e2 = hn::MulAdd(pe, hn::LoadU(d, v_c + 2 * N), e2);
-      e3 = hn::MulAdd(pe, hn::LoadU(d, v_c + 3 * N), e3);
-      o0 = hn::MulAdd(po, hn::LoadU(d, v_c + ldv), o0);
-      o1 = hn::MulAdd(po, hn::LoadU(d, v_c + ldv + N), o1);
-      o2 = hn::MulAdd(po, hn::LoadU(d, v_c + ldv + 2 * N), o2);
-      o3 = hn::MulAdd(po, hn::LoadU(d, v_c + ldv + 3 * N), o3);
+      e0 = hn::MulAdd(pe, LoadF32(d, v_c), e0);
+      e1 = hn::MulAdd(pe, LoadF32(d, v_c + N), e1);
+      e2 = hn::MulAdd(pe, LoadF32(d, v_c + 2 * N), e2);
+      e3 = hn::MulAdd(pe, LoadF32(d, v_c + 3 * N), e3);
+      o0 = hn::MulAdd(po, LoadF32(d, v_c + ldv), o0);
+      o1 = hn::MulAdd(po, LoadF32(d, v_c + ldv + N), o1);
+      o2 = hn::MulAdd(po, LoadF32(d, v_c + ldv + 2 * N), o2);
+      o3 = hn::MulAdd(po, LoadF32(d, v_c + ldv + 3 * N), o3);
     }
     if (j < n) {
       const auto pe = hn::Set(d, p[j]);
-      e0 = hn::MulAdd(pe, hn::LoadU(d, v_c), e0);
-      e1 = hn::MulAdd(pe, hn::LoadU(d, v_c + N), e1);
-      e2 = hn::MulAdd(pe, hn::LoadU(d, v_c + 2 * N), e2);
-      e3 = hn::MulAdd(pe, hn::LoadU(d, v_c + 3 * N), e3);
+      e0 = hn::MulAdd(pe, LoadF32(d, v_c), e0);
+      e1 = hn::MulAdd(pe, LoadF32(d, v_c + N), e1);
+      e2 = hn::MulAdd(pe, LoadF32(d, v_c + 2 * N), e2);
+      e3 = hn::MulAdd(pe, LoadF32(d, v_c + 3 * N), e3);
     }
     float* HWY_RESTRICT a_c = acc + c;
     hn::StoreU(hn::MulAdd(hn::LoadU(d, a_c), vcorr, hn::Add(e0, o0)), d, a_c);
@@ -211,15 +216,15 @@ HWY_INLINE void RescaleAddWeightedRows(const float* HWY_RESTRICT p, size_t n,
   // The rest, a vector (then a lane) at a time, four chains over the keys.
   const auto rest = [&](auto dc, size_t c) {
     auto s0 = hn::Zero(dc), s1 = hn::Zero(dc), s2 = hn::Zero(dc), s3 = hn::Zero(dc);
-    const float* HWY_RESTRICT v_c = v + c;
+    const TV* HWY_RESTRICT v_c = v + c;
     size_t j = 0;
     for (; j + 4 <= n; j += 4, v_c += 4 * ldv) {
-      s0 = hn::MulAdd(hn::Set(dc, p[j]), hn::LoadU(dc, v_c), s0);
-      s1 = hn::MulAdd(hn::Set(dc, p[j + 1]), hn::LoadU(dc, v_c + ldv), s1);
-      s2 = hn::MulAdd(hn::Set(dc, p[j + 2]), hn::LoadU(dc, v_c + 2 * ldv), s2);
-      s3 = hn::MulAdd(hn::Set(dc, p[j + 3]), hn::LoadU(dc, v_c + 3 * ldv), s3);
+      s0 = hn::MulAdd(hn::Set(dc, p[j]), LoadF32(dc, v_c), s0);
+      s1 = hn::MulAdd(hn::Set(dc, p[j + 1]), LoadF32(dc, v_c + ldv), s1);
+      s2 = hn::MulAdd(hn::Set(dc, p[j + 2]), LoadF32(dc, v_c + 2 * ldv), s2);
+      s3 = hn::MulAdd(hn::Set(dc, p[j + 3]), LoadF32(dc, v_c + 3 * ldv), s3);
     }
-    for (; j < n; ++j, v_c += ldv) s0 = hn::MulAdd(hn::Set(dc, p[j]), hn::LoadU(dc, v_c), s0);
+    for (; j < n; ++j, v_c += ldv) s0 = hn::MulAdd(hn::Set(dc, p[j]), LoadF32(dc, v_c), s0);
     const auto sum = hn::Add(hn::Add(s0, s1), hn::Add(s2, s3));
     hn::StoreU(hn::MulAdd(hn::LoadU(dc, acc + c), hn::Set(dc, corr), sum), dc, acc + c);
   };
@@ -228,20 +233,44 @@ HWY_INLINE void RescaleAddWeightedRows(const float* HWY_RESTRICT p, size_t n,
   for (; c < L; ++c) rest(d1, c);
 }
 
-// One query row on dot products (decode): keys [key_begin, key_end).
-inline void FlashAttentionRowByDot(const AttnDims& a, const float* HWY_RESTRICT q_i,
-                                   const KvRows& k_g, const KvRows& v_g, size_t visible, size_t key_begin, size_t key_end,
-                                   float* HWY_RESTRICT acc, float* m, float* l, float* bad,
-                                   float* HWY_RESTRICT s_row) {
+// Prefetches the cache lines of `bytes` bytes from p.
+HWY_INLINE void PrefetchBytes(const void* p, size_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (size_t i = 0; i < bytes; i += 64) hwy::Prefetch(c + i);
+}
+
+// Keys ahead of the one being read that the dot path prefetches: far enough
+// to cover the memory latency at DRAM bandwidth, near enough to stay in L1.
+constexpr size_t kPrefetchKeys = 8;
+
+// One query row on dot products (decode): keys [key_begin, key_end) of K
+// and V rows `ldk` / `ldv` elements apart, read in place in their own
+// element type (f32, or 16-bit widened in registers): a decode step over a
+// long cache reads each byte once.  While the scores of a tile are computed,
+// the next K rows and the tile's V rows are prefetched, so that both
+// streams are in flight.
+template <class TK, class TV>
+HWY_NOINLINE void FlashAttentionRowByDot(const AttnDims& a, const float* HWY_RESTRICT q_i,
+                                         const TK* HWY_RESTRICT k_g, size_t ldk,
+                                         const TV* HWY_RESTRICT v_g, size_t ldv,
+                                         size_t visible, size_t key_begin, size_t key_end,
+                                         float* HWY_RESTRICT acc, float* m, float* l,
+                                         float* bad, float* HWY_RESTRICT s_row) {
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   const size_t L = a.head_dim;
   const size_t end = visible < key_end ? visible : key_end;
   const float scale2 = Base2Scale(a);
   for (size_t j0 = key_begin; j0 < end; j0 += kDotKeyTile) {
     const size_t nj = end - j0 < kDotKeyTile ? end - j0 : kDotKeyTile;
-    size_t ldk;
-    const float* HWY_RESTRICT k_tile = k_g.Tile(j0, nj, L, &ldk);
-    for (size_t j = 0; j < nj; ++j) s_row[j] = scale2 * Dot(q_i, k_tile + j * ldk, L);
+    const TK* HWY_RESTRICT k_tile = k_g + j0 * ldk;
+    const TV* HWY_RESTRICT v_tile = v_g + j0 * ldv;
+    for (size_t j = 0; j < nj; ++j) {
+      if (j0 + j + kPrefetchKeys < end) {
+        PrefetchBytes(k_tile + (j + kPrefetchKeys) * ldk, L * sizeof(TK));
+      }
+      PrefetchBytes(v_tile + j * ldv, L * sizeof(TV));
+      s_row[j] = scale2 * Dot(q_i, k_tile + j * ldk, L);
+    }
     const float tile_max = RowMax(s_row, nj);
     if (!(tile_max < std::numeric_limits<float>::infinity())) {  // NaN or +inf
       *bad = 1.0f;
@@ -253,10 +282,21 @@ inline void FlashAttentionRowByDot(const AttnDims& a, const float* HWY_RESTRICT 
     const float tile_sum = ExpShiftedRow</*kBase2=*/true>(s_row, nj, m_new, s_row);
     *l = *l * correction + tile_sum;
     *m = m_new;
-    size_t ldv;
-    const float* HWY_RESTRICT v_tile = v_g.Tile(j0, nj, L, &ldv);
     RescaleAddWeightedRows(s_row, nj, v_tile, ldv, L, correction, acc);
   }
+}
+
+// FlashAttentionRowByDot for K and V of their views' dtypes.
+inline void RowByDot(const AttnDims& a, const float* HWY_RESTRICT q_i, const KvRows& k_g,
+                     const KvRows& v_g, size_t visible, size_t key_begin, size_t key_end,
+                     float* HWY_RESTRICT acc, float* m, float* l, float* bad,
+                     float* HWY_RESTRICT s_row) {
+  WithElementType(k_g.dtype, k_g.base, [&](const auto* k) {
+    WithElementType(v_g.dtype, v_g.base, [&](const auto* v) {
+      FlashAttentionRowByDot(a, q_i, k, k_g.stride, v, v_g.stride, visible, key_begin, key_end,
+                             acc, m, l, bad, s_row);
+    });
+  });
 }
 
 // Query rows [i0, i0 + rows) over keys [key_begin, key_end) when they are
@@ -352,7 +392,7 @@ inline void FlashAttentionRows(const AttnDims& a, const AttnViews& views, size_t
   }
   if (rows <= kDotRows) {
     for (size_t r = 0; r < rows; ++r) {
-      FlashAttentionRowByDot(a, q_blk + r * ldq, k_g, v_g, a.visible_keys(i0 + r), key_begin,
+      RowByDot(a, q_blk + r * ldq, k_g, v_g, a.visible_keys(i0 + r), key_begin,
                              key_end, f.acc + r * L, f.m + r, f.l + r, f.bad + r, f.s_row);
     }
     FinishRows(rows, L, f.acc, f.m, f.l, f.bad, o_blk, partial);

@@ -452,20 +452,23 @@ HWY_INLINE float Norm2(const float* HWY_RESTRICT x, size_t n) {
 }
 
 // sum_i x[i] y[i] in a fixed order.
-HWY_INLINE float Dot(const float* HWY_RESTRICT x, const float* HWY_RESTRICT y, size_t n) {
+// y: f32, or f16/bf16 widened exactly in registers.
+template <class TY>
+HWY_INLINE float Dot(const float* HWY_RESTRICT x, const TY* HWY_RESTRICT y, size_t n) {
   const hn::ScalableTag<float> d;
   const size_t N = hn::Lanes(d);
   auto sum0 = hn::Zero(d), sum1 = hn::Zero(d);
   size_t i = 0;
   for (; i + 2 * N <= n; i += 2 * N) {
-    sum0 = hn::MulAdd(hn::LoadU(d, x + i), hn::LoadU(d, y + i), sum0);
-    sum1 = hn::MulAdd(hn::LoadU(d, x + i + N), hn::LoadU(d, y + i + N), sum1);
+    sum0 = hn::MulAdd(hn::LoadU(d, x + i), LoadF32(d, y + i), sum0);
+    sum1 = hn::MulAdd(hn::LoadU(d, x + i + N), LoadF32(d, y + i + N), sum1);
   }
   for (; i + N <= n; i += N) {
-    sum0 = hn::MulAdd(hn::LoadU(d, x + i), hn::LoadU(d, y + i), sum0);
+    sum0 = hn::MulAdd(hn::LoadU(d, x + i), LoadF32(d, y + i), sum0);
   }
   float total = hn::GetLane(hn::SumOfLanes(d, hn::Add(sum0, sum1)));
-  for (; i < n; ++i) total += x[i] * y[i];
+  const hn::CappedTag<float, 1> d1;
+  for (; i < n; ++i) total += x[i] * hn::GetLane(LoadF32(d1, y + i));
   return total;
 }
 

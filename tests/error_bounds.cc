@@ -249,4 +249,174 @@ std::vector<double> ContributionNormsBound(const RefProjDims& d,
   return bound;
 }
 
+// The layer's first-order error, step by step (u = eps / 2; every count below
+// is of roundings, each taken as eps, as the bounds above do):
+//
+// 1. qkv = x W + b, the fused projection (one head of Dm, the bias as the
+//    chain's start): as ProjectionBound with H = 1, L = Dm:
+//      e = (Dm + 4) eps (sum_k |x_k W_kc| + |b_c|).
+// 2. RoPE: x_lo' = x_lo c~ - x_hi s~ with c~, s~ the f32 table (u each), one
+//    product and one (fused or not) multiply-add (<= 2 roundings):
+//      e_lo' = |c| e_lo + |s| e_hi + 4 eps (|x_lo c| + |x_hi s|), e_hi' alike.
+// 3. A 16-bit cache rounds the f32 K, V (error <= kSafety e) to nearest.
+//    Rounding is monotone, so when round(x - kSafety e) == round(x + kSafety e)
+//    the cache holds exactly round(x), the reference's value: no error.
+//    Otherwise the cache may hold the neighbour:
+//      e = round(x + kSafety e) - round(x - kSafety e)   (divided by kSafety,
+//    as it is an actual distance, not a first-order term).
+// 4. Attention: an absolute error on a score is a relative one on its weight,
+//      score_err_j = scale sum_l (e_q,l |k_j,l| + |q_l| e_k,j,l)
+//                  + (L + 3) eps scale sum_l |q_l k_j,l|          (qk_scores)
+//    then softmax(S) V as SoftmaxVBound derives it (the weights' relative
+//    errors delta_j, the (2 Skv + 4) eps of the sums), plus the error of V:
+//      e_O,l = sum_j p_j delta_j |v_j,l| + delta_bar A_l + (2 Skv + 4) eps A_l
+//            + sum_j p_j e_v,j,l,                A_l = sum_j p_j |v_j,l|.
+// 5. y = sum_h O_h Wo[h] + bo: the error of O carried through Wo, plus the
+//    projection's own (ProjectionBound):
+//      e_y,c = sum_{h,l} e_O,h,l |Wo_hl,c| + (H L + H + 3) eps (sum |O Wo| + |bo_c|).
+// The bound is kSafety e_y.
+std::vector<double> LayerBound(const RefLayerSpec& spec, const float* x, int64_t B, int64_t T,
+                               int64_t q0) {
+  const int64_t L = spec.head_dim, H = spec.heads, Dm = spec.model_dim, N = spec.fused();
+  const int64_t half = L / 2, rows = T - q0;
+  // 1. Values (exact) and first-order errors of qkv.
+  std::vector<double> val = RefLayerQkv(spec, x, B, T), err(val.size());
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t t = 0; t < T; ++t) {
+      const float* x_t = x + (b * T + t) * Dm;
+      for (int64_t row = 0; row < N; ++row) {
+        const float *w, *bias;
+        int64_t head, width;
+        if (row < H) {
+          w = spec.wq, bias = spec.bq, head = row, width = H * L;
+        } else if (row < H + spec.kv_heads) {
+          w = spec.wk, bias = spec.bk, head = row - H, width = spec.kv_heads * L;
+        } else {
+          w = spec.wv, bias = spec.bv, head = row - H - spec.kv_heads;
+          width = spec.kv_heads * L;
+        }
+        for (int64_t l = 0; l < L; ++l) {
+          const int64_t col = head * L + l;
+          double magnitude = bias == nullptr ? 0.0 : std::fabs(double(bias[col]));
+          for (int64_t k = 0; k < Dm; ++k) {
+            magnitude += std::fabs(double(x_t[k]) * double(w[k * width + col]));
+          }
+          err[spec.qkv_at(b, T, t, row, l)] = double(Dm + 4) * kEps * magnitude;
+        }
+      }
+    }
+  }
+  // 2. RoPE on Q and K.
+  if (spec.rope_theta != 0.0) {
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t t = 0; t < T; ++t) {
+        for (int64_t row = 0; row < H + spec.kv_heads; ++row) {
+          for (int64_t i = 0; i < half; ++i) {
+            double c, s;
+            RefRopeAngle(spec, t, i, &c, &s);
+            const size_t lo = spec.qkv_at(b, T, t, row, i), hi = lo + size_t(half);
+            const double x_lo = val[lo], x_hi = val[hi], e_lo = err[lo], e_hi = err[hi];
+            const double ac = std::fabs(c), as = std::fabs(s);
+            val[lo] = x_lo * c - x_hi * s;
+            val[hi] = x_hi * c + x_lo * s;
+            err[lo] = ac * e_lo + as * e_hi + 4 * kEps * (std::fabs(x_lo) * ac + std::fabs(x_hi) * as);
+            err[hi] = ac * e_hi + as * e_lo + 4 * kEps * (std::fabs(x_hi) * ac + std::fabs(x_lo) * as);
+          }
+        }
+      }
+    }
+  }
+  // 3. A 16-bit cache.
+  if (spec.cache_dtype != HEADSUM_F32) {
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t t = 0; t < T; ++t) {
+        for (int64_t row = H; row < N; ++row) {
+          for (int64_t l = 0; l < L; ++l) {
+            const size_t at = spec.qkv_at(b, T, t, row, l);
+            const double reach = kSafety * err[at];
+            const double up = RefRoundTo(spec.cache_dtype, val[at] + reach);
+            const double down = RefRoundTo(spec.cache_dtype, val[at] - reach);
+            err[at] = (up - down) / kSafety;
+            val[at] = RefRoundTo(spec.cache_dtype, val[at]);
+          }
+        }
+      }
+    }
+  }
+  // 4. Attention: O's values and errors, [B][H][rows][L].
+  const double scale = 1.0 / std::sqrt(double(L));
+  std::vector<double> o(size_t(B * H * rows * L), 0.0), o_err(o.size(), 0.0);
+  const size_t n_keys = static_cast<size_t>(T);
+  std::vector<double> score(n_keys), score_err(n_keys), p(n_keys), delta(n_keys);
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t k_row = H + h / spec.group(), v_row = k_row + spec.kv_heads;
+      for (int64_t t = q0; t < T; ++t) {
+        const int64_t keys = spec.causal ? t + 1 : T;
+        double m = -std::numeric_limits<double>::infinity();
+        for (int64_t j = 0; j < keys; ++j) {
+          double dot = 0.0, abs_dot = 0.0, propagated = 0.0;
+          for (int64_t l = 0; l < L; ++l) {
+            const size_t qa = spec.qkv_at(b, T, t, h, l), ka = spec.qkv_at(b, T, j, k_row, l);
+            dot += val[qa] * val[ka];
+            abs_dot += std::fabs(val[qa] * val[ka]);
+            propagated += err[qa] * std::fabs(val[ka]) + std::fabs(val[qa]) * err[ka];
+          }
+          score[size_t(j)] = scale * dot;
+          score_err[size_t(j)] = scale * propagated + double(L + 3) * kEps * scale * abs_dot;
+          m = std::max(m, score[size_t(j)]);
+        }
+        double z = 0.0;
+        for (int64_t j = 0; j < keys; ++j) {
+          const double s = score[size_t(j)];
+          p[size_t(j)] = std::exp(s - m);
+          z += p[size_t(j)];
+          double dj = kExpRelErr + 2 * kEps * (std::fabs(s) + std::fabs(m)) + score_err[size_t(j)];
+          if (s - m < -80.0) dj = 1.0;
+          delta[size_t(j)] = std::min(dj, 1.0);
+        }
+        double delta_bar = 0.0;
+        for (int64_t j = 0; j < keys; ++j) {
+          p[size_t(j)] /= z;
+          delta_bar += p[size_t(j)] * delta[size_t(j)];
+        }
+        const double accumulation = double(2 * T + 4) * kEps;
+        for (int64_t l = 0; l < L; ++l) {
+          double value = 0.0, a = 0.0, weighted = 0.0, v_err = 0.0;
+          for (int64_t j = 0; j < keys; ++j) {
+            const size_t va = spec.qkv_at(b, T, j, v_row, l);
+            value += p[size_t(j)] * val[va];
+            a += p[size_t(j)] * std::fabs(val[va]);
+            weighted += p[size_t(j)] * delta[size_t(j)] * std::fabs(val[va]);
+            v_err += p[size_t(j)] * err[va];
+          }
+          const size_t oa = size_t(((b * H + h) * rows + (t - q0)) * L + l);
+          o[oa] = value;
+          o_err[oa] = weighted + delta_bar * a + accumulation * a + v_err;
+        }
+      }
+    }
+  }
+  // 5. The output projection.
+  std::vector<double> bound(size_t(B * rows * Dm));
+  const double per_unit = double(H * L + H + 3) * kEps;
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < Dm; ++c) {
+        double carried = 0.0, magnitude = spec.bo == nullptr ? 0.0 : std::fabs(double(spec.bo[c]));
+        for (int64_t h = 0; h < H; ++h) {
+          for (int64_t l = 0; l < L; ++l) {
+            const size_t oa = size_t(((b * H + h) * rows + r) * L + l);
+            const double w = std::fabs(double(spec.wo[(h * L + l) * Dm + c]));
+            carried += o_err[oa] * w;
+            magnitude += std::fabs(o[oa]) * w;
+          }
+        }
+        bound[size_t((b * rows + r) * Dm + c)] = kSafety * (carried + per_unit * magnitude);
+      }
+    }
+  }
+  return bound;
+}
+
 }  // namespace headsum_test

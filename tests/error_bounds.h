@@ -78,6 +78,13 @@ std::vector<double> ContributionNormsBound(const RefProjDims& d,
                                            const std::vector<double>& contributions,
                                            const std::vector<double>& abs_c);
 
+// The whole layer (headsum_mha_forward), per element of y for the tokens at
+// positions q0..T-1 (as RefLayerForward).  See LayerBound in error_bounds.cc
+// for the derivation: first-order errors carried through each step, kSafety
+// applied once at the end.  [B][T - q0][Dm]
+std::vector<double> LayerBound(const RefLayerSpec& spec, const float* x, int64_t B, int64_t T,
+                               int64_t q0);
+
 }  // namespace headsum_test
 
 #endif  // HEADSUM_TESTS_ERROR_BOUNDS_H_

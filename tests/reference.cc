@@ -1,6 +1,7 @@
 #include "reference.h"
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <limits>
 
@@ -211,6 +212,167 @@ std::vector<double> RefContributionNorms(const RefProjDims& d,
     out[row] = std::sqrt(sum_sq);
   }
   return out;
+}
+
+// ---- The whole layer -----------------------------------------------------------
+
+double RefRoundTo(headsum_dtype dtype, double x) {
+  if (dtype == HEADSUM_F32) return double(float(x));
+  if (x == 0.0 || !std::isfinite(x)) return x;
+  // bits of significand, the smallest normal exponent, the largest finite.
+  const int bits = dtype == HEADSUM_F16 ? 11 : 8;
+  const int emin = dtype == HEADSUM_F16 ? -14 : -126;
+  const double max_finite = dtype == HEADSUM_F16 ? 65504.0 : double(FLT_MAX);
+  int e;
+  std::frexp(x, &e);  // |x| = m 2^e, m in [0.5, 1): x's exponent is e - 1
+  const int exponent = std::max(e - 1, emin);
+  const double quantum = std::ldexp(1.0, exponent - bits + 1);
+  const double rounded = std::nearbyint(x / quantum) * quantum;  // ties to even
+  if (std::fabs(rounded) > max_finite) {
+    // Past the largest finite value by half a unit or more: infinity.
+    return std::copysign(std::numeric_limits<double>::infinity(), x);
+  }
+  return rounded;
+}
+
+// 'btk,kc->btc' with W = [Wq Wk Wv] side by side, + [bq bk bv].
+std::vector<double> RefLayerQkv(const RefLayerSpec& spec, const float* x, int64_t B, int64_t T) {
+  const int64_t L = spec.head_dim, Dm = spec.model_dim;
+  std::vector<double> qkv(size_t(B * T * spec.fused() * L));
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t t = 0; t < T; ++t) {
+      const float* x_t = x + (b * T + t) * Dm;
+      for (int64_t row = 0; row < spec.fused(); ++row) {
+        // Which weight and bias, and the column of head `row` in it.
+        const float *w, *bias;
+        int64_t head, width;
+        if (row < spec.heads) {
+          w = spec.wq, bias = spec.bq, head = row, width = spec.heads * L;
+        } else if (row < spec.heads + spec.kv_heads) {
+          w = spec.wk, bias = spec.bk, head = row - spec.heads, width = spec.kv_heads * L;
+        } else {
+          w = spec.wv, bias = spec.bv, head = row - spec.heads - spec.kv_heads;
+          width = spec.kv_heads * L;
+        }
+        for (int64_t l = 0; l < L; ++l) {
+          const int64_t col = head * L + l;
+          double sum = bias == nullptr ? 0.0 : double(bias[col]);
+          for (int64_t k = 0; k < Dm; ++k) sum += double(x_t[k]) * double(w[k * width + col]);
+          qkv[spec.qkv_at(b, T, t, row, l)] = sum;
+        }
+      }
+    }
+  }
+  return qkv;
+}
+
+void RefRopeAngle(const RefLayerSpec& spec, int64_t t, int64_t i, double* c, double* s) {
+  const double angle =
+      double(t) / std::pow(spec.rope_theta, 2.0 * double(i) / double(spec.head_dim));
+  *c = std::cos(angle);
+  *s = std::sin(angle);
+}
+
+void RefRope(const RefLayerSpec& spec, int64_t B, int64_t T, std::vector<double>* qkv) {
+  if (spec.rope_theta == 0.0) return;
+  const int64_t half = spec.head_dim / 2;
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t t = 0; t < T; ++t) {
+      for (int64_t row = 0; row < spec.heads + spec.kv_heads; ++row) {  // Q and K
+        for (int64_t i = 0; i < half; ++i) {
+          double c, s;
+          RefRopeAngle(spec, t, i, &c, &s);
+          double& lo = (*qkv)[spec.qkv_at(b, T, t, row, i)];
+          double& hi = (*qkv)[spec.qkv_at(b, T, t, row, i + half)];
+          const double x_lo = lo, x_hi = hi;
+          lo = x_lo * c - x_hi * s;
+          hi = x_hi * c + x_lo * s;
+        }
+      }
+    }
+  }
+}
+
+void RefRoundKv(const RefLayerSpec& spec, int64_t B, int64_t T, std::vector<double>* qkv) {
+  if (spec.cache_dtype == HEADSUM_F32) return;
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t t = 0; t < T; ++t) {
+      for (int64_t row = spec.heads; row < spec.fused(); ++row) {
+        for (int64_t l = 0; l < spec.head_dim; ++l) {
+          double& x = (*qkv)[spec.qkv_at(b, T, t, row, l)];
+          x = RefRoundTo(spec.cache_dtype, x);
+        }
+      }
+    }
+  }
+}
+
+// 'bthl,bjgl->bhtj' (g = h / group), softmax over the visible j, then
+// 'bhtj,bjgl->bhtl'.
+std::vector<double> RefLayerAttention(const RefLayerSpec& spec, const std::vector<double>& qkv,
+                                      int64_t B, int64_t T, int64_t q0) {
+  const int64_t L = spec.head_dim, H = spec.heads, rows = T - q0;
+  const double scale = 1.0 / std::sqrt(double(L));
+  std::vector<double> o(size_t(B * H * rows * L), 0.0), p(static_cast<size_t>(T));
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t k_row = H + h / spec.group(), v_row = k_row + spec.kv_heads;
+      for (int64_t t = q0; t < T; ++t) {
+        const int64_t keys = spec.causal ? t + 1 : T;
+        double m = kMinusInf;
+        for (int64_t j = 0; j < keys; ++j) {
+          double dot = 0.0;
+          for (int64_t l = 0; l < L; ++l) {
+            dot += qkv[spec.qkv_at(b, T, t, h, l)] * qkv[spec.qkv_at(b, T, j, k_row, l)];
+          }
+          p[size_t(j)] = scale * dot;
+          m = std::max(m, p[size_t(j)]);
+        }
+        double z = 0.0;
+        for (int64_t j = 0; j < keys; ++j) {
+          p[size_t(j)] = std::exp(p[size_t(j)] - m);
+          z += p[size_t(j)];
+        }
+        double* o_t = &o[size_t(((b * H + h) * rows + (t - q0)) * L)];
+        for (int64_t j = 0; j < keys; ++j) {
+          for (int64_t l = 0; l < L; ++l) {
+            o_t[l] += p[size_t(j)] / z * qkv[spec.qkv_at(b, T, j, v_row, l)];
+          }
+        }
+      }
+    }
+  }
+  return o;
+}
+
+// 'bhrl,hld->brd' written as the concat-then-GEMM it is.
+std::vector<double> RefLayerOutput(const RefLayerSpec& spec, const std::vector<double>& o,
+                                   int64_t B, int64_t rows) {
+  const int64_t L = spec.head_dim, H = spec.heads, Dm = spec.model_dim;
+  std::vector<double> y(size_t(B * rows * Dm));
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < Dm; ++c) {
+        double sum = spec.bo == nullptr ? 0.0 : double(spec.bo[c]);
+        for (int64_t h = 0; h < H; ++h) {
+          for (int64_t l = 0; l < L; ++l) {
+            sum += o[size_t(((b * H + h) * rows + r) * L + l)] *
+                   double(spec.wo[(h * L + l) * Dm + c]);
+          }
+        }
+        y[size_t((b * rows + r) * Dm + c)] = sum;
+      }
+    }
+  }
+  return y;
+}
+
+std::vector<double> RefLayerForward(const RefLayerSpec& spec, const float* x, int64_t B,
+                                    int64_t T, int64_t q0) {
+  std::vector<double> qkv = RefLayerQkv(spec, x, B, T);
+  RefRope(spec, B, T, &qkv);
+  RefRoundKv(spec, B, T, &qkv);
+  return RefLayerOutput(spec, RefLayerAttention(spec, qkv, B, T, q0), B, T - q0);
 }
 
 }  // namespace headsum_test

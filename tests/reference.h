@@ -103,6 +103,56 @@ std::vector<double> RefAttribution(const RefProjDims& d,
 std::vector<double> RefContributionNorms(const RefProjDims& d,
                                          const std::vector<double>& contributions);
 
+// ---- The whole layer (headsum_mha_forward) ----------------------------------
+//
+// x [B][T][Dm] -> qkv = x [Wq Wk Wv] + [bq bk bv] -> rotate-half RoPE on Q and
+// K at positions 0..T-1 -> (K, V rounded to the cache dtype when it is 16-bit)
+// -> attention, scale 1/sqrt(L), query at position t sees key j when
+// !causal or j <= t -> y = concat(O) Wo + bo.  A shard is a layer of its own
+// heads; `bo` is NULL for the shards that do not add it.
+struct RefLayerSpec {
+  int64_t model_dim, heads, kv_heads, head_dim;  // kv_heads resolved (>= 1)
+  bool causal;
+  double rope_theta;          // 0: no RoPE
+  headsum_dtype cache_dtype;  // F16/BF16: K (after RoPE) and V rounded to it
+  // The weights as the layer computes with them (a 16-bit weight_dtype: the
+  // caller rounds them first): wq [Dm][H*L], wk and wv [Dm][Hkv*L],
+  // wo [H*L][Dm]; biases [H*L], [Hkv*L], [Hkv*L], [Dm] or NULL.
+  const float *wq, *wk, *wv, *wo, *bq, *bk, *bv, *bo;
+
+  int64_t fused() const { return heads + 2 * kv_heads; }  // rows of qkv per token
+  int64_t group() const { return heads / kv_heads; }
+  // qkv [B][T][fused][L]: rows 0..H-1 Q, then K, then V.
+  size_t qkv_at(int64_t b, int64_t T, int64_t t, int64_t row, int64_t l) const {
+    return size_t(((b * T + t) * fused() + row) * head_dim + l);
+  }
+};
+
+// x rounded to nearest (ties to even) in `dtype`: F32 as a float, F16 with
+// 11 significant bits (subnormals below 2^-14, inf past 65504), BF16 with 8
+// (f32's exponent range).  Computed from the exact double, once.
+double RefRoundTo(headsum_dtype dtype, double x);
+// The exact qkv of x [B][T][Dm] before RoPE.  [B][T][H + 2 Hkv][L]
+std::vector<double> RefLayerQkv(const RefLayerSpec& spec, const float* x, int64_t B, int64_t T);
+// (cos, sin) of position t's angle for pair i: t * theta^(-2i/L).
+void RefRopeAngle(const RefLayerSpec& spec, int64_t t, int64_t i, double* c, double* s);
+// Rotate-half on the Q and K rows of qkv (token t at position t), in place:
+//   x[i] <- x[i] cos - x[i + L/2] sin,  x[i + L/2] <- x[i + L/2] cos + x[i] sin.
+void RefRope(const RefLayerSpec& spec, int64_t B, int64_t T, std::vector<double>* qkv);
+// K and V rows of qkv rounded to spec.cache_dtype when it is 16-bit.
+void RefRoundKv(const RefLayerSpec& spec, int64_t B, int64_t T, std::vector<double>* qkv);
+// O for the queries at positions q0..T-1 over keys 0..T-1.  [B][H][T - q0][L]
+std::vector<double> RefLayerAttention(const RefLayerSpec& spec, const std::vector<double>& qkv,
+                                      int64_t B, int64_t T, int64_t q0);
+// y = concat(O) Wo + bo, O [B][H][rows][L].  [B][rows][Dm]
+std::vector<double> RefLayerOutput(const RefLayerSpec& spec, const std::vector<double>& o,
+                                   int64_t B, int64_t rows);
+// All of it: y for the tokens at positions q0..T-1 of x [B][T][Dm], each
+// attending over keys 0..T-1, as a forward with a cache holding tokens
+// 0..q0-1 computes them.  [B][T - q0][Dm]
+std::vector<double> RefLayerForward(const RefLayerSpec& spec, const float* x, int64_t B,
+                                    int64_t T, int64_t q0);
+
 }  // namespace headsum_test
 
 #endif  // HEADSUM_TESTS_REFERENCE_H_

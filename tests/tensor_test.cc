@@ -807,6 +807,23 @@ TEST(TensorValidation, AttentionRules) {
     EXPECT_TRUE(f.Refused("q", "overflow"));
   }
   {
+    // Strides that do not nest but never meet (h: 0, 2, 4; s: +0, +3 with
+    // L = 1): a valid output; against the reference it is just another view.
+    const int64_t H = 3, S = 2, L = 1;
+    headsum_attn_shape shape = {1, H, 0, S, S, L, 0.0f, 0};
+    std::vector<float> q = RandomUniform(size_t(H * S * L), -1, 1, 4), k = q, v = q;
+    std::vector<float> out(8, kSentinel);
+    headsum_tensor tq = headsum_bhsd(q.data(), HEADSUM_F32, H, S, L);
+    headsum_tensor tk = tq, tv = tq;
+    headsum_tensor to = {out.data(), HEADSUM_F32, {0, 2, 3}};
+    EXPECT_EQ(headsum_attention_tensors(&shape, &tq, &tk, &tv, &to), HEADSUM_OK)
+        << headsum_last_error();
+    to.strides[2] = 4;  // h: 0, 2, 4; s: +4: 4 twice
+    EXPECT_EQ(headsum_attention_tensors(&shape, &tq, &tk, &tv, &to),
+              HEADSUM_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(headsum_last_error()).find("same element"), std::string::npos);
+  }
+  {
     // An output index of extent 1 may have stride 0; an input any stride >= 0.
     ValidationFixture f;
     f.shape.heads = 1;

@@ -249,6 +249,69 @@ headsum_status headsum_project_heads_sum_packed_tensors(const headsum_proj_shape
 headsum_status headsum_convert(const int64_t dims[4], const headsum_tensor* src,
                                const headsum_tensor* dst);
 
+/* ---------------------------------------------------------------------------
+ * The whole layer, its KV cache, and heads across processes.
+ *
+ * x -> one fused projection x [Wq Wk Wv] (+ biases) -> rotary positions on Q
+ * and K -> K, V appended to the cache -> attention over the cache (causal:
+ * bottom-right) -> y = sum_h O_h Wo[h] + bo.  Composed from the calls above;
+ * x, y and every activation are f32 whatever the storage dtypes are.  A
+ * layer is immutable after creation: one layer may serve many threads, each
+ * with its own cache.  A cache is used by one call at a time. */
+typedef struct {
+  int64_t model_dim, heads, kv_heads, head_dim; /* kv_heads 0: = heads */
+  int causal;
+  float rope_theta;           /* 0: none; else rotary embedding (rotate-half, as
+                                 Llama: pair (i, i + L/2), angle = pos *
+                                 theta^(-2i/L)) on Q and K at their positions;
+                                 needs an even head_dim */
+  headsum_dtype weight_dtype; /* storage of the packed weights */
+  headsum_dtype cache_dtype;  /* storage of the KV cache */
+} headsum_mha_config;
+typedef struct headsum_mha headsum_mha;
+typedef struct headsum_kv_cache headsum_kv_cache;
+
+/* wq [Dm][H*L], wk and wv [Dm][Hkv*L], wo [H*L][Dm] (x @ W); biases [H*L],
+ * [Hkv*L], [Hkv*L], [Dm], each may be NULL.  Weights are copied (rounded to
+ * weight_dtype, to nearest even) and packed; the caller's arrays may be
+ * freed after.  Free with headsum_mha_free (NULL ok). */
+headsum_status headsum_mha_create(const headsum_mha_config* config, const float* wq,
+                                  const float* wk, const float* wv, const float* wo,
+                                  const float* bq, const float* bk, const float* bv,
+                                  const float* bo, headsum_mha** mha);
+/* One shard of the layer: query heads [head_begin, head_end) (whole kv
+ * groups), given only its own slices: wq [Dm][n*L], wk and wv [Dm][nkv*L],
+ * wo [n*L][Dm], bq [n*L], bk and bv [nkv*L] (n = head_end - head_begin, nkv
+ * its kv heads), bo [Dm].  Its forward gives the shard's partial sum, sum over
+ * its heads of O_h Wo[h], plus bo only in the shard that starts at head 0, so
+ * the shards' outputs add up to the layer's (tensor parallelism). */
+headsum_status headsum_mha_create_shard(const headsum_mha_config* config, int64_t head_begin,
+                                        int64_t head_end, const float* wq, const float* wk,
+                                        const float* wv, const float* wo, const float* bq,
+                                        const float* bk, const float* bv, const float* bo,
+                                        headsum_mha** mha);
+void headsum_mha_free(headsum_mha* mha);
+
+/* A KV cache for `batch` sequences of up to `capacity` tokens each, for this
+ * layer (or shard) only: K (after RoPE) and V in config->cache_dtype, laid
+ * out [B][Hkv][capacity][L].  The batch rows advance together. */
+headsum_status headsum_kv_cache_create(const headsum_mha* mha, int64_t batch,
+                                       int64_t capacity, headsum_kv_cache** cache);
+int64_t headsum_kv_cache_length(const headsum_kv_cache* cache); /* tokens held; 0 for NULL */
+void headsum_kv_cache_reset(headsum_kv_cache* cache);           /* holds 0 tokens again */
+/* Keeps the first `length` tokens (0 <= length <= the tokens held) and drops
+ * the rest: a rejected speculative draft, a rewound prompt. */
+headsum_status headsum_kv_cache_truncate(headsum_kv_cache* cache, int64_t length);
+void headsum_kv_cache_free(headsum_kv_cache* cache);
+
+/* y [B][S][Dm] from x [B][S][Dm] (y may be x).  With a cache: the S tokens
+ * take positions len .. len+S-1, their K and V are appended, attention covers
+ * all len+S (causal: bottom-right), and len grows by S; a cache without room
+ * for S more is HEADSUM_ERR_INVALID_ARGUMENT and is left as it was, as is y.
+ * cache NULL: self-attention over x alone, positions 0 .. S-1. */
+headsum_status headsum_mha_forward(const headsum_mha* mha, headsum_kv_cache* cache,
+                                   int64_t batch, int64_t seq, const float* x, float* y);
+
 #ifdef __cplusplus
 }  /* extern "C" */
 #endif

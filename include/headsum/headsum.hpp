@@ -163,8 +163,11 @@ class PackedWo {
     check(headsum_project_heads_sum_packed(&c, heads.data(), packed_, bias.data(), y.data()));
   }
   const headsum_wo_packed* get() const { return packed_; }
+  // Takes ownership of a handle from headsum_wo_pack / headsum_wo_pack_tensor.
+  static PackedWo adopt(headsum_wo_packed* packed) { return PackedWo(packed); }
 
  private:
+  explicit PackedWo(headsum_wo_packed* packed) : packed_(packed) {}
   headsum_wo_packed* packed_ = nullptr;
 };
 
@@ -277,6 +280,352 @@ class ScopedTarget {
 
  private:
   std::string previous_;
+};
+
+// ---------------------------------------------------------------------------
+// Tensors: 16-bit element types and strided views (the C tensor API).
+//
+//   std::vector<headsum::bf16> k_cache(B * Hkv * cap * L);
+//   auto k = headsum::Tensor<const headsum::bf16>::bhsd(k_cache.data(), B, Hkv, len, L);
+//   k.strides[1] = cap * L;                  // a cache with room for cap tokens
+//   headsum::attention(shape, q, k, v, o);   // any mix of float, f16, bf16
+
+// 16-bit floats as stored: bf16 (8-bit exponent, 7-bit mantissa) and IEEE
+// f16.  Construction from float rounds to nearest even (NaN stays NaN, f16
+// overflow gives inf); conversion to float is exact.
+struct bf16 {
+  uint16_t bits = 0;
+  bf16() = default;
+  explicit bf16(float f) : bits(FromFloat(f)) {}
+  explicit operator float() const {
+    const uint32_t u = static_cast<uint32_t>(bits) << 16;
+    float f;
+    __builtin_memcpy(&f, &u, 4);
+    return f;
+  }
+  static uint16_t FromFloat(float f) {
+    uint32_t u;
+    __builtin_memcpy(&u, &f, 4);
+    if ((u & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((u | 0x00400000u) >> 16);
+    return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+  }
+};
+struct f16 {
+  uint16_t bits = 0;
+  f16() = default;
+  explicit f16(float f) : bits(FromFloat(f)) {}
+  explicit operator float() const {
+    const uint32_t sign = static_cast<uint32_t>(bits & 0x8000u) << 16;
+    const uint32_t e = (bits >> 10) & 0x1Fu, m = bits & 0x3FFu;
+    uint32_t u;
+    if (e == 0x1F) {
+      u = sign | 0x7F800000u | (m << 13);
+    } else if (e != 0) {
+      u = sign | ((e + 112) << 23) | (m << 13);
+    } else {  // zero, subnormal: m * 2^-24
+      float f = static_cast<float>(m) * 5.9604644775390625e-08f;
+      __builtin_memcpy(&u, &f, 4);
+      u |= sign;
+    }
+    float f;
+    __builtin_memcpy(&f, &u, 4);
+    return f;
+  }
+  static uint16_t FromFloat(float f) {
+    uint32_t u;
+    __builtin_memcpy(&u, &f, 4);
+    const uint32_t sign = (u >> 16) & 0x8000u, a = u & 0x7FFFFFFFu;
+    if (a > 0x7F800000u) return static_cast<uint16_t>(sign | 0x7E00u);  // NaN
+    if (a >= 0x47800000u) return static_cast<uint16_t>(sign | 0x7C00u);  // >= 65536: inf
+    if (a < 0x38800000u) {  // f16 subnormal or zero: round at 2^-24
+      float x, half = 0.5f;
+      __builtin_memcpy(&x, &a, 4);
+      x += half;
+      uint32_t r;
+      __builtin_memcpy(&r, &x, 4);
+      return static_cast<uint16_t>(sign | (r - 0x3F000000u));
+    }
+    const uint32_t odd = (a >> 13) & 1u;
+    return static_cast<uint16_t>(sign | ((a + 0xC8000FFFu + odd) >> 13));
+  }
+};
+
+namespace detail {
+template <class T> struct DtypeOf;
+template <> struct DtypeOf<float> { static constexpr headsum_dtype value = HEADSUM_F32; };
+template <> struct DtypeOf<bf16> { static constexpr headsum_dtype value = HEADSUM_BF16; };
+template <> struct DtypeOf<f16> { static constexpr headsum_dtype value = HEADSUM_F16; };
+template <class T> struct DtypeOf<const T> : DtypeOf<T> {};
+}  // namespace detail
+
+// A strided [b][h][s][l] view of T (float, f16 or bf16; const for inputs):
+// element (b, h, s, l) at data + b*strides[0] + h*strides[1] + s*strides[2]
+// + l.  Carries its extents, which the calls check against their shape.
+template <class T>
+struct Tensor {
+  T* data = nullptr;
+  int64_t extents[4] = {1, 1, 1, 1};
+  int64_t strides[3] = {0, 0, 0};
+
+  static constexpr headsum_dtype dtype = detail::DtypeOf<T>::value;
+
+  // Contiguous [B][H][S][L].
+  static Tensor bhsd(T* data, int64_t b, int64_t h, int64_t s, int64_t l) {
+    return Tensor{data, {b, h, s, l}, {h * s * l, s * l, l}};
+  }
+  // Token-major [B][S][H][L] (an engine's usual layout), indexed [b][h][s][l].
+  static Tensor bshd(T* data, int64_t b, int64_t h, int64_t s, int64_t l) {
+    return Tensor{data, {b, h, s, l}, {s * h * l, l, h * l}};
+  }
+  // Rows of a matrix [rows][cols] with row stride ld (>= cols): Wo, Y.
+  static Tensor matrix(T* data, int64_t rows, int64_t cols, int64_t ld) {
+    return Tensor{data, {1, 1, rows, cols}, {0, 0, ld}};
+  }
+  // The same memory as a view of const T.
+  operator Tensor<const T>() const {  // NOLINT: implicit on purpose
+    return Tensor<const T>{data, {extents[0], extents[1], extents[2], extents[3]},
+                           {strides[0], strides[1], strides[2]}};
+  }
+  headsum_tensor c() const {
+    headsum_tensor t;
+    t.data = const_cast<void*>(static_cast<const void*>(data));
+    t.dtype = dtype;
+    t.strides[0] = strides[0];
+    t.strides[1] = strides[1];
+    t.strides[2] = strides[2];
+    return t;
+  }
+};
+
+namespace detail {
+template <class T>
+void expect_extents(const char* fn, const char* name, const Tensor<T>& t, int64_t e0,
+                    int64_t e1, int64_t e2, int64_t e3) {
+  if (t.extents[0] == e0 && t.extents[1] == e1 && t.extents[2] == e2 && t.extents[3] == e3) {
+    return;
+  }
+  throw Error(HEADSUM_ERR_INVALID_ARGUMENT,
+              std::string(fn) + ": " + name + " is [" + std::to_string(t.extents[0]) + "][" +
+                  std::to_string(t.extents[1]) + "][" + std::to_string(t.extents[2]) + "][" +
+                  std::to_string(t.extents[3]) + "], the shape needs [" + std::to_string(e0) +
+                  "][" + std::to_string(e1) + "][" + std::to_string(e2) + "][" +
+                  std::to_string(e3) + "]");
+}
+}  // namespace detail
+
+// attention on views: q [B][H][Sq][L], k and v [B][Hkv][Skv][L] (a cache of
+// any capacity: only the first Skv positions are read), out [B][H][Sq][L].
+template <class TQ, class TK, class TV, class TO>
+void attention(const AttnShape& s, const Tensor<TQ>& q, const Tensor<TK>& k,
+               const Tensor<TV>& v, const Tensor<TO>& out) {
+  const char* fn = "attention";
+  detail::expect_extents(fn, "q", q, s.batch, s.heads, s.seq_q, s.head_dim);
+  detail::expect_extents(fn, "k", k, s.batch, s.kv(), s.seq_kv, s.head_dim);
+  detail::expect_extents(fn, "v", v, s.batch, s.kv(), s.seq_kv, s.head_dim);
+  detail::expect_extents(fn, "out", out, s.batch, s.heads, s.seq_q, s.head_dim);
+  const headsum_attn_shape c = s.c();
+  const headsum_tensor tq = q.c(), tk = k.c(), tv = v.c(), to = out.c();
+  check(headsum_attention_tensors(&c, &tq, &tk, &tv, &to));
+}
+
+// project_heads_sum on views: heads [B][H][S][L], wo a [H*L][D] matrix,
+// y [B][1][S][D] (Tensor::bhsd(y, B, 1, S, D) or with a row stride); bias
+// [D] or an empty view.
+template <class TO, class TW, class TY>
+void project_heads_sum(const ProjShape& s, const Tensor<TO>& heads, const Tensor<TW>& wo,
+                       In bias, const Tensor<TY>& y) {
+  const char* fn = "project_heads_sum";
+  detail::expect_extents(fn, "heads", heads, s.batch, s.heads, s.seq, s.head_dim);
+  detail::expect_extents(fn, "wo", wo, 1, 1, s.heads * s.head_dim, s.model_dim);
+  detail::expect_extents(fn, "y", y, s.batch, 1, s.seq, s.model_dim);
+  detail::expect(fn, "bias", bias, detail::count(s.model_dim, 1));
+  const headsum_proj_shape c = s.c();
+  const headsum_tensor th = heads.c(), tw = wo.c(), ty = y.c();
+  check(headsum_project_heads_sum_tensors(&c, &th, &tw, bias.data(), &ty));
+}
+
+// Wo packed once in its own dtype (16-bit packs stay 16-bit).
+template <class TW>
+PackedWo pack_wo(const ProjShape& s, const Tensor<TW>& wo) {
+  detail::expect_extents("pack_wo", "wo", wo, 1, 1, s.heads * s.head_dim, s.model_dim);
+  const headsum_proj_shape c = s.c();
+  const headsum_tensor tw = wo.c();
+  headsum_wo_packed* packed = nullptr;
+  check(headsum_wo_pack_tensor(&c, &tw, &packed));
+  return PackedWo::adopt(packed);
+}
+
+// project_heads_sum from a packed Wo, on views.
+template <class TO, class TY>
+void project_heads_sum(const ProjShape& s, const Tensor<TO>& heads, const PackedWo& wo,
+                       In bias, const Tensor<TY>& y) {
+  const char* fn = "project_heads_sum";
+  detail::expect_extents(fn, "heads", heads, s.batch, s.heads, s.seq, s.head_dim);
+  detail::expect_extents(fn, "y", y, s.batch, 1, s.seq, s.model_dim);
+  detail::expect(fn, "bias", bias, detail::count(s.model_dim, 1));
+  const headsum_proj_shape c = s.c();
+  const headsum_tensor th = heads.c(), ty = y.c();
+  check(headsum_project_heads_sum_packed_tensors(&c, &th, wo.get(), bias.data(), &ty));
+}
+
+// dst = src over src's extents (which dst must share), rounded to dst's type:
+// how new tokens go into a 16-bit KV cache.
+template <class TS, class TD>
+void convert(const Tensor<TS>& src, const Tensor<TD>& dst) {
+  detail::expect_extents("convert", "dst", dst, src.extents[0], src.extents[1], src.extents[2],
+                         src.extents[3]);
+  const headsum_tensor ts = src.c(), td = dst.c();
+  check(headsum_convert(src.extents, &ts, &td));
+}
+
+// ---- The whole layer and its KV cache (headsum_mha_*, headsum_kv_cache_*) ----
+//
+//   headsum::MhaConfig config{.model_dim = 512, .heads = 8, .head_dim = 64,
+//                             .rope_theta = 10000};
+//   headsum::Mha mha(config, {.wq = wq, .wk = wk, .wv = wv, .wo = wo});
+//   headsum::KvCache cache = mha.new_cache(/*batch=*/1, /*capacity=*/4096);
+//   mha.forward(cache, /*batch=*/1, /*seq=*/prompt_len, x, y);   // prefill
+//   mha.forward(cache, 1, 1, x_next, y_next);                    // a step
+
+struct MhaConfig {
+  int64_t model_dim = 1, heads = 1, kv_heads = 0, head_dim = 1;  // kv_heads 0: = heads
+  bool causal = true;
+  float rope_theta = 0.0f;  // 0: no RoPE
+  headsum_dtype weight_dtype = HEADSUM_F32, cache_dtype = HEADSUM_F32;
+
+  headsum_mha_config c() const {
+    headsum_mha_config config;
+    config.model_dim = model_dim;
+    config.heads = heads;
+    config.kv_heads = kv_heads;
+    config.head_dim = head_dim;
+    config.causal = causal ? 1 : 0;
+    config.rope_theta = rope_theta;
+    config.weight_dtype = weight_dtype;
+    config.cache_dtype = cache_dtype;
+    return config;
+  }
+  int64_t kv() const { return kv_heads == 0 ? heads : kv_heads; }
+};
+
+// The layer's weights (or one shard's slices), f32, x @ W; empty biases
+// mean none.
+struct MhaWeights {
+  In wq, wk, wv, wo;
+  In bq, bk, bv, bo;
+};
+
+// A KV cache of one layer (RAII over headsum_kv_cache).  Movable, not
+// copyable; made by Mha::new_cache.
+class KvCache {
+ public:
+  KvCache() = default;
+  ~KvCache() { headsum_kv_cache_free(cache_); }
+  KvCache(const KvCache&) = delete;
+  KvCache& operator=(const KvCache&) = delete;
+  KvCache(KvCache&& other) noexcept
+      : cache_(std::exchange(other.cache_, nullptr)), batch_(other.batch_),
+        capacity_(other.capacity_) {}
+  KvCache& operator=(KvCache&& other) noexcept {
+    std::swap(cache_, other.cache_);
+    std::swap(batch_, other.batch_);
+    std::swap(capacity_, other.capacity_);
+    return *this;
+  }
+
+  int64_t length() const { return headsum_kv_cache_length(cache_); }  // tokens held
+  int64_t capacity() const { return capacity_; }
+  int64_t batch() const { return batch_; }
+  void reset() { headsum_kv_cache_reset(cache_); }
+  headsum_kv_cache* get() const { return cache_; }
+
+ private:
+  friend class Mha;
+  KvCache(headsum_kv_cache* cache, int64_t batch, int64_t capacity)
+      : cache_(cache), batch_(batch), capacity_(capacity) {}
+  headsum_kv_cache* cache_ = nullptr;
+  int64_t batch_ = 0, capacity_ = 0;
+};
+
+// The whole attention layer, or one shard of its heads (RAII over
+// headsum_mha).  Movable, not copyable.  forward() is const: one layer may
+// serve many threads, each with its own cache.
+class Mha {
+ public:
+  Mha(const MhaConfig& config, const MhaWeights& w) : config_(config) {
+    check_weights("Mha", w, config.heads, config.kv());
+    const headsum_mha_config c = config.c();
+    check(headsum_mha_create(&c, w.wq.data(), w.wk.data(), w.wv.data(), w.wo.data(),
+                             w.bq.data(), w.bk.data(), w.bv.data(), w.bo.data(), &mha_));
+  }
+  // Query heads [head_begin, head_end) (whole kv groups), from their own
+  // slices only (headsum_mha_create_shard).
+  static Mha shard(const MhaConfig& config, int64_t head_begin, int64_t head_end,
+                   const MhaWeights& w) {
+    Mha m;
+    m.config_ = config;
+    const int64_t group = config.kv() > 0 && config.heads % config.kv() == 0
+                              ? config.heads / config.kv() : 1;
+    const int64_t heads = head_end - head_begin;
+    m.check_weights("Mha::shard", w, heads, heads / group);
+    const headsum_mha_config c = config.c();
+    check(headsum_mha_create_shard(&c, head_begin, head_end, w.wq.data(), w.wk.data(),
+                                   w.wv.data(), w.wo.data(), w.bq.data(), w.bk.data(),
+                                   w.bv.data(), w.bo.data(), &m.mha_));
+    return m;
+  }
+  ~Mha() { headsum_mha_free(mha_); }
+  Mha(const Mha&) = delete;
+  Mha& operator=(const Mha&) = delete;
+  Mha(Mha&& other) noexcept
+      : mha_(std::exchange(other.mha_, nullptr)), config_(other.config_) {}
+  Mha& operator=(Mha&& other) noexcept {
+    std::swap(mha_, other.mha_);
+    std::swap(config_, other.config_);
+    return *this;
+  }
+
+  KvCache new_cache(int64_t batch, int64_t capacity) const {
+    headsum_kv_cache* cache = nullptr;
+    check(headsum_kv_cache_create(mha_, batch, capacity, &cache));
+    return KvCache(cache, batch, capacity);
+  }
+  // y [B][S][Dm] from x [B][S][Dm], appending to `cache`.
+  void forward(KvCache& cache, int64_t batch, int64_t seq, In x, Out y) const {
+    run("Mha::forward", cache.get(), batch, seq, x, y);
+  }
+  // Self-attention over x alone (no cache), positions 0 .. S-1.
+  void forward(int64_t batch, int64_t seq, In x, Out y) const {
+    run("Mha::forward", nullptr, batch, seq, x, y);
+  }
+  const MhaConfig& config() const { return config_; }
+  const headsum_mha* get() const { return mha_; }
+
+ private:
+  Mha() = default;
+  // Each weight holds what the shape needs (a NULL bias is fine).
+  void check_weights(const char* fn, const MhaWeights& w, int64_t heads,
+                     int64_t kv_heads) const {
+    const int64_t Dm = config_.model_dim, L = config_.head_dim;
+    detail::expect(fn, "wq", w.wq, detail::count(Dm, heads, L));
+    detail::expect(fn, "wk", w.wk, detail::count(Dm, kv_heads, L));
+    detail::expect(fn, "wv", w.wv, detail::count(Dm, kv_heads, L));
+    detail::expect(fn, "wo", w.wo, detail::count(heads, L, Dm));
+    detail::expect(fn, "bq", w.bq, detail::count(heads, L));
+    detail::expect(fn, "bk", w.bk, detail::count(kv_heads, L));
+    detail::expect(fn, "bv", w.bv, detail::count(kv_heads, L));
+    detail::expect(fn, "bo", w.bo, detail::count(Dm, 1));
+  }
+  void run(const char* fn, headsum_kv_cache* cache, int64_t batch, int64_t seq, In x,
+           Out y) const {
+    const size_t n = detail::count(batch, seq, config_.model_dim);
+    detail::expect(fn, "x", x, n);
+    detail::expect(fn, "y", y, n);
+    check(headsum_mha_forward(mha_, cache, batch, seq, x.data(), y.data()));
+  }
+
+  headsum_mha* mha_ = nullptr;
+  MhaConfig config_;
 };
 
 }  // namespace headsum

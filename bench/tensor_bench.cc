@@ -1,0 +1,313 @@
+// tensor_bench: the tensor API (16-bit K/V and Wo, strided views) against
+// headsum's own f32 contiguous calls and oneDNN's bf16 composed attention,
+// with a read-bandwidth probe over the same bytes in the same run.
+//
+// Rows (each at 1 and 2 threads):
+//   BM_decode/kv:{f32,f16,bf16}/H:32/Hkv:{32,8}/L:128/Skv:32768   one decode
+//       step over a long cache (f32 K/V: 1 GiB); counter GB/s = K+V bytes
+//       read per second
+//   BM_read_probe/bytes:N    sums a buffer of N bytes (K+V's size), the
+//       read bandwidth the decode rows are measured against
+//   BM_decode_twin/{headsum,onednn}/kv:bf16/H:../Skv:..   headsum decode with
+//       bf16 K/V vs oneDNN composed bf16 attention (matmul bf16 -> f32,
+//       softmax, P in bf16, matmul bf16 -> f32)
+//   BM_layout/{bhsd,bshd}/S:../causal:..     f32 attention, contiguous vs
+//       token-major Q/K/V/O
+//   BM_prefill/kv:{f32,f16,bf16}/S:../causal:..   f32 Q, 16-bit K/V
+//   BM_projection/wo:{f32,bf16}/S:{1,20,512}     O f32, Wo f32 or bf16
+// scripts/tensor_table.py prints the ratios the tensor issue asks for.
+#include <benchmark/benchmark.h>
+
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "headsum/headsum.h"
+
+#if defined(HEADSUM_BENCH_HAVE_ONEDNN)
+#include <dnnl.hpp>
+#endif
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
+
+namespace {
+
+// A 64-byte aligned buffer of n elements of 2 or 4 bytes, random values.
+struct Buffer {
+  std::unique_ptr<char, void (*)(void*)> data{nullptr, std::free};
+  size_t bytes = 0;
+  Buffer() = default;
+  Buffer(size_t n, headsum_dtype t, uint32_t seed) {
+    const size_t eb = t == HEADSUM_F32 ? 4 : 2;
+    bytes = n * eb;
+    data.reset(static_cast<char*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64)));
+    if (!data) throw std::bad_alloc();
+    uint32_t s = seed * 2654435761u + 1;
+    for (size_t i = 0; i < n; ++i) {
+      s = s * 1664525u + 1013904223u;
+      const float f = (static_cast<float>(s >> 8) * (1.0f / 16777216.0f) - 0.5f) * 2.0f;
+      if (eb == 4) {
+        memcpy(data.get() + 4 * i, &f, 4);
+      } else {
+        uint32_t bits;
+        memcpy(&bits, &f, 4);
+        // bf16 truncation or an f16 in [-1, 1]: any finite pattern will do here
+        uint16_t h = t == HEADSUM_BF16 ? static_cast<uint16_t>(bits >> 16)
+                                       : static_cast<uint16_t>(((s >> 8) & 0x3BFF) | ((s & 1) << 15));
+        memcpy(data.get() + 2 * i, &h, 2);
+      }
+    }
+  }
+  void* get() const { return data.get(); }
+};
+
+headsum_dtype DtypeArg(int64_t v) { return static_cast<headsum_dtype>(v); }
+const char* DtypeName(int64_t v) { return v == 0 ? "f32" : v == 1 ? "f16" : "bf16"; }
+
+void SetThreads(benchmark::State& state, int threads) {
+  if (headsum_set_num_threads(threads) != HEADSUM_OK) state.SkipWithError(headsum_last_error());
+}
+
+// ---------------------------------------------------------------------------
+// Decode over a long cache.
+
+void BM_decode(benchmark::State& state, headsum_dtype kv_t, int64_t H, int64_t Hkv, int64_t L,
+               int64_t Skv, int threads) {
+  SetThreads(state, threads);
+  const headsum_attn_shape shape = {1, H, Hkv, 1, Skv, L, 0.0f, 1};
+  Buffer q(size_t(H * L), HEADSUM_F32, 1), o(size_t(H * L), HEADSUM_F32, 2);
+  Buffer k(size_t(Hkv * Skv * L), kv_t, 3), v(size_t(Hkv * Skv * L), kv_t, 4);
+  headsum_tensor tq = headsum_bhsd(q.get(), HEADSUM_F32, H, 1, L);
+  headsum_tensor tk = headsum_bhsd(k.get(), kv_t, Hkv, Skv, L);
+  headsum_tensor tv = headsum_bhsd(v.get(), kv_t, Hkv, Skv, L);
+  headsum_tensor to = headsum_bhsd(o.get(), HEADSUM_F32, H, 1, L);
+  for (auto _ : state) {
+    if (headsum_attention_tensors(&shape, &tq, &tk, &tv, &to) != HEADSUM_OK) {
+      state.SkipWithError(headsum_last_error());
+      break;
+    }
+    benchmark::ClobberMemory();
+  }
+  state.counters["GB/s"] = benchmark::Counter(double(k.bytes + v.bytes) * 1e-9,
+                                              benchmark::Counter::kIsIterationInvariantRate);
+  headsum_set_num_threads(0);
+}
+
+// Sums `bytes` of memory (as f32, 4 independent chains per thread): the read
+// bandwidth a bandwidth-bound kernel can reach.
+void BM_read_probe(benchmark::State& state, size_t bytes, int threads) {
+  Buffer buf(bytes / 4, HEADSUM_F32, 5);
+  const float* p = static_cast<const float*>(buf.get());
+  const size_t n = bytes / 4;
+  double sink = 0;
+  for (auto _ : state) {
+    double total = 0;
+#pragma omp parallel for num_threads(threads) reduction(+ : total) schedule(static)
+    for (long long c = 0; c < static_cast<long long>(n / 4096); ++c) {
+      float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+      const float* x = p + c * 4096;
+#pragma omp simd reduction(+ : s0, s1, s2, s3)
+      for (int i = 0; i < 4096; i += 4) {
+        s0 += x[i];
+        s1 += x[i + 1];
+        s2 += x[i + 2];
+        s3 += x[i + 3];
+      }
+      total += s0 + s1 + s2 + s3;
+    }
+    sink += total;
+    benchmark::DoNotOptimize(sink);
+  }
+  state.counters["GB/s"] =
+      benchmark::Counter(double(bytes) * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// ---------------------------------------------------------------------------
+// Layouts and 16-bit K/V in prefill.
+
+void BM_attention_views(benchmark::State& state, bool token_major, headsum_dtype kv_t,
+                        int64_t S, bool causal, int threads) {
+  SetThreads(state, threads);
+  const int64_t H = 8, L = 64;
+  const headsum_attn_shape shape = {1, H, H, S, S, L, 0.0f, causal ? 1 : 0};
+  Buffer q(size_t(H * S * L), HEADSUM_F32, 1), o(size_t(H * S * L), HEADSUM_F32, 2);
+  Buffer k(size_t(H * S * L), kv_t, 3), v(size_t(H * S * L), kv_t, 4);
+  auto view = token_major ? headsum_bshd : headsum_bhsd;
+  headsum_tensor tq = view(q.get(), HEADSUM_F32, H, S, L);
+  headsum_tensor tk = view(k.get(), kv_t, H, S, L);
+  headsum_tensor tv = view(v.get(), kv_t, H, S, L);
+  headsum_tensor to = view(o.get(), HEADSUM_F32, H, S, L);
+  for (auto _ : state) {
+    if (headsum_attention_tensors(&shape, &tq, &tk, &tv, &to) != HEADSUM_OK) {
+      state.SkipWithError(headsum_last_error());
+      break;
+    }
+    benchmark::ClobberMemory();
+  }
+  state.counters["GFLOP/s"] = benchmark::Counter(4.0 * H * S * S * L * 1e-9,
+                                                 benchmark::Counter::kIsIterationInvariantRate);
+  headsum_set_num_threads(0);
+}
+
+void BM_projection(benchmark::State& state, headsum_dtype wo_t, int64_t S, int threads) {
+  SetThreads(state, threads);
+  const int64_t H = 8, L = 64, D = 512;
+  const headsum_proj_shape shape = {1, S, H, L, D};
+  Buffer o(size_t(H * S * L), HEADSUM_F32, 1), wo(size_t(H * L * D), wo_t, 2),
+      y(size_t(S * D), HEADSUM_F32, 3);
+  headsum_tensor to = headsum_bhsd(o.get(), HEADSUM_F32, H, S, L);
+  headsum_tensor tw = headsum_bhsd(wo.get(), wo_t, 1, H * L, D);
+  headsum_tensor ty = headsum_bhsd(y.get(), HEADSUM_F32, 1, S, D);
+  for (auto _ : state) {
+    if (headsum_project_heads_sum_tensors(&shape, &to, &tw, nullptr, &ty) != HEADSUM_OK) {
+      state.SkipWithError(headsum_last_error());
+      break;
+    }
+    benchmark::ClobberMemory();
+  }
+  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * S * H * L * D * 1e-9,
+                                                 benchmark::Counter::kIsIterationInvariantRate);
+  headsum_set_num_threads(0);
+}
+
+// ---------------------------------------------------------------------------
+// oneDNN composed bf16 attention (decode): S = Q K^T (bf16 in, f32 out, with
+// the scale), softmax (f32 in, bf16 out), O = P V (bf16 in, f32 out).
+
+#if defined(HEADSUM_BENCH_HAVE_ONEDNN)
+void BM_decode_onednn_bf16(benchmark::State& state, int64_t H, int64_t Hkv, int64_t L,
+                           int64_t Skv, int threads) {
+  using dnnl::memory;
+  using dt = memory::data_type;
+#if defined(_OPENMP)
+  const int saved_threads = omp_get_max_threads();
+  omp_set_num_threads(threads);
+#endif
+  dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+  dnnl::stream strm(eng);
+  const int64_t G = H / Hkv;  // query heads per kv head: rows of one batched matmul
+  const float scale = 1.0f / std::sqrt(float(L));
+  // Q [Hkv][G][L], K [Hkv][Skv][L] read as K^T [Hkv][L][Skv], S [Hkv][G][Skv]
+  memory::desc q_md({Hkv, G, L}, dt::bf16, memory::format_tag::abc);
+  memory::desc kt_md({Hkv, L, Skv}, dt::bf16, memory::format_tag::acb);
+  memory::desc s_md({Hkv, G, Skv}, dt::f32, memory::format_tag::abc);
+  memory::desc p_md({Hkv, G, Skv}, dt::bf16, memory::format_tag::abc);
+  memory::desc v_md({Hkv, Skv, L}, dt::bf16, memory::format_tag::abc);
+  memory::desc o_md({Hkv, G, L}, dt::f32, memory::format_tag::abc);
+  dnnl::primitive_attr qk_attr;
+  qk_attr.set_output_scales(0, {scale});
+  auto qk_pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(q_md, kt_md, s_md), qk_attr, eng);
+  auto sm_pd = dnnl::softmax_v2_forward::primitive_desc(
+      dnnl::softmax_v2_forward::desc(dnnl::prop_kind::forward_inference,
+                                     dnnl::algorithm::softmax_accurate, s_md, p_md, 2),
+      eng);
+  auto pv_pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(p_md, v_md, o_md), eng);
+  Buffer q(size_t(H * L), HEADSUM_BF16, 1), k(size_t(Hkv * Skv * L), HEADSUM_BF16, 2),
+      v(size_t(Hkv * Skv * L), HEADSUM_BF16, 3), s(size_t(H * Skv), HEADSUM_F32, 4),
+      p(size_t(H * Skv), HEADSUM_BF16, 5), o(size_t(H * L), HEADSUM_F32, 6);
+  memory mq(q_md, eng, q.get()), mk(kt_md, eng, k.get()), mv(v_md, eng, v.get()),
+      ms(s_md, eng, s.get()), mp(p_md, eng, p.get()), mo(o_md, eng, o.get());
+  dnnl::matmul qk(qk_pd), pv(pv_pd);
+  dnnl::softmax_v2_forward sm(sm_pd);
+  for (auto _ : state) {
+    qk.execute(strm, {{DNNL_ARG_SRC, mq}, {DNNL_ARG_WEIGHTS, mk}, {DNNL_ARG_DST, ms}});
+    sm.execute(strm, {{DNNL_ARG_SRC, ms}, {DNNL_ARG_DST, mp}});
+    pv.execute(strm, {{DNNL_ARG_SRC, mp}, {DNNL_ARG_WEIGHTS, mv}, {DNNL_ARG_DST, mo}});
+    strm.wait();
+  }
+  state.SetLabel(std::string("qk=") + qk_pd.impl_info_str() + " softmax=" +
+                 sm_pd.impl_info_str() + " pv=" + pv_pd.impl_info_str());
+  state.counters["GB/s"] = benchmark::Counter(double(k.bytes + v.bytes) * 1e-9,
+                                              benchmark::Counter::kIsIterationInvariantRate);
+#if defined(_OPENMP)
+  omp_set_num_threads(saved_threads);
+#endif
+}
+#endif
+
+void Register() {
+  const int thread_counts[] = {1, 2};
+  for (int threads : thread_counts) {
+    const std::string t = "/threads:" + std::to_string(threads);
+    // Long-cache decode, MHA and GQA, and the read probe over the same bytes.
+    for (int64_t hkv : {32, 8}) {
+      for (int64_t kv : {0, 1, 2}) {
+        const std::string name = std::string("BM_decode/kv:") + DtypeName(kv) +
+                                 "/H:32/Hkv:" + std::to_string(hkv) + "/L:128/Skv:32768" + t;
+        benchmark::RegisterBenchmark(name.c_str(), BM_decode, DtypeArg(kv), 32, hkv, 128, 32768,
+                                     threads)->UseRealTime()->Unit(benchmark::kMicrosecond);
+      }
+    }
+    for (size_t mib : {size_t(1024), size_t(512), size_t(256), size_t(128)}) {
+      const std::string name = "BM_read_probe/bytes:" + std::to_string(mib) + "MiB" + t;
+      benchmark::RegisterBenchmark(name.c_str(), BM_read_probe, mib << 20, threads)
+          ->UseRealTime()->Unit(benchmark::kMicrosecond);
+    }
+    // bf16 decode vs oneDNN's composed bf16 attention.
+    for (auto hs : {std::array<int64_t, 4>{8, 8, 64, 4096}, std::array<int64_t, 4>{32, 32, 128, 32768},
+                    std::array<int64_t, 4>{32, 8, 128, 32768}}) {
+      const std::string shape = "/H:" + std::to_string(hs[0]) + "/Hkv:" + std::to_string(hs[1]) +
+                                "/L:" + std::to_string(hs[2]) + "/Skv:" + std::to_string(hs[3]) + t;
+      benchmark::RegisterBenchmark(("BM_decode_twin/headsum/kv:bf16" + shape).c_str(), BM_decode,
+                                   HEADSUM_BF16, hs[0], hs[1], hs[2], hs[3], threads)
+          ->UseRealTime()->Unit(benchmark::kMicrosecond);
+#if defined(HEADSUM_BENCH_HAVE_ONEDNN)
+      benchmark::RegisterBenchmark(("BM_decode_twin/onednn/kv:bf16" + shape).c_str(),
+                                   BM_decode_onednn_bf16, hs[0], hs[1], hs[2], hs[3], threads)
+          ->UseRealTime()->Unit(benchmark::kMicrosecond);
+#endif
+    }
+    for (int64_t S : {512, 2048}) {
+      for (bool causal : {false, true}) {
+        const std::string suffix = "/S:" + std::to_string(S) + "/causal:" +
+                                   std::to_string(causal ? 1 : 0) + t;
+        for (bool tm : {false, true}) {
+          benchmark::RegisterBenchmark(
+              (std::string("BM_layout/") + (tm ? "bshd" : "bhsd") + suffix).c_str(),
+              BM_attention_views, tm, HEADSUM_F32, S, causal, threads)
+              ->UseRealTime()->Unit(benchmark::kMicrosecond);
+        }
+        for (int64_t kv : {0, 1, 2}) {
+          benchmark::RegisterBenchmark(
+              (std::string("BM_prefill/kv:") + DtypeName(kv) + suffix).c_str(),
+              BM_attention_views, false, DtypeArg(kv), S, causal, threads)
+              ->UseRealTime()->Unit(benchmark::kMicrosecond);
+        }
+      }
+    }
+    for (int64_t S : {1, 20, 512}) {
+      for (int64_t wo : {0, 2, 1}) {
+        benchmark::RegisterBenchmark(
+            (std::string("BM_projection/wo:") + DtypeName(wo) + "/S:" + std::to_string(S) + t)
+                .c_str(),
+            BM_projection, DtypeArg(wo), S, threads)
+            ->UseRealTime()->Unit(benchmark::kMicrosecond);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<char*> args(argv, argv + argc);
+  bool has_reps = false;
+  for (int i = 1; i < argc; ++i) has_reps |= strncmp(argv[i], "--benchmark_repetitions", 23) == 0;
+  std::string reps = "--benchmark_repetitions=5", agg = "--benchmark_report_aggregates_only=true";
+  if (!has_reps) {
+    args.push_back(reps.data());
+    args.push_back(agg.data());
+  }
+  int n = static_cast<int>(args.size());
+  benchmark::Initialize(&n, args.data());
+  Register();
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

@@ -1,0 +1,104 @@
+#!/usr/bin/env python3
+"""The tensor issue's goals from one run of headsum_tensor_bench.
+
+    build/bench/headsum_tensor_bench --benchmark_format=json > t.json
+    python3 scripts/tensor_table.py t.json
+
+Reads the _median rows and prints, per thread count, every ratio the goals
+name: 16-bit over f32 K/V decode (and the share of the read probe's
+bandwidth over the same bytes), headsum bf16 decode over oneDNN's composed
+bf16 attention, token-major over contiguous, 16-bit over f32 K/V prefill,
+bf16 over f32 Wo projection.
+"""
+import json
+import re
+import sys
+
+
+def load(path):
+    with open(path) as f:
+        data = json.load(f)
+    rows = {}
+    for b in data["benchmarks"]:
+        if b.get("aggregate_name") != "median":
+            continue
+        name = re.sub(r"/real_time$", "", b["run_name"])
+        rows[name] = b
+    return data.get("context", {}), rows
+
+
+def t(rows, name):
+    b = rows.get(name)
+    return None if b is None else b["real_time"]
+
+
+def gbs(rows, name):
+    b = rows.get(name)
+    return None if b is None else b.get("GB/s")
+
+
+def fmt(x, spec="{:.2f}"):
+    return "-" if x is None else spec.format(x)
+
+
+def main():
+    if len(sys.argv) != 2:
+        print(__doc__)
+        sys.exit(2)
+    ctx, rows = load(sys.argv[1])
+    print(f"host {ctx.get('host_name', '?')}, {ctx.get('num_cpus', '?')} cpus, "
+          f"{ctx.get('date', '')}")
+    for th in (1, 2):
+        s = f"/threads:{th}"
+        print(f"\n## {th} thread{'s' if th > 1 else ''}\n")
+        print("| case | measured | goal |")
+        print("|---|---|---|")
+        for hkv in (32, 8):
+            base = f"/H:32/Hkv:{hkv}/L:128/Skv:32768{s}"
+            f32 = t(rows, "BM_decode/kv:f32" + base)
+            kv_bytes_16 = 2 * hkv * 32768 * 128 * 2
+            probe_name = {512 << 20: "512MiB", 128 << 20: "128MiB"}.get(kv_bytes_16)
+            probe = gbs(rows, f"BM_read_probe/bytes:{probe_name}{s}") if probe_name else None
+            for kv in ("f16", "bf16"):
+                x = t(rows, f"BM_decode/kv:{kv}" + base)
+                ratio = f32 / x if f32 and x else None
+                share = gbs(rows, f"BM_decode/kv:{kv}" + base)
+                pct = 100 * share / probe if share and probe else None
+                print(f"| decode H=32 Hkv={hkv} L=128 Skv=32768, K/V {kv} vs f32 | "
+                      f"{fmt(ratio)}x ({fmt(x, '{:.0f}')} vs {fmt(f32, '{:.0f}')} us); "
+                      f"{fmt(share, '{:.1f}')} GB/s = {fmt(pct, '{:.0f}')}% of the probe "
+                      f"({fmt(probe, '{:.1f}')} GB/s over {probe_name}) | >= 1.8x, >= 70% |")
+        for shape in ("/H:8/Hkv:8/L:64/Skv:4096", "/H:32/Hkv:32/L:128/Skv:32768",
+                      "/H:32/Hkv:8/L:128/Skv:32768"):
+            h = t(rows, "BM_decode_twin/headsum/kv:bf16" + shape + s)
+            o = t(rows, "BM_decode_twin/onednn/kv:bf16" + shape + s)
+            r = o / h if h and o else None
+            print(f"| decode bf16 K/V{shape.replace('/', ' ')} vs oneDNN bf16 composed | "
+                  f"{fmt(r)}x ({fmt(h, '{:.0f}')} vs {fmt(o, '{:.0f}')} us) | >= 1.5x |")
+        for S in (512, 2048):
+            for c in (0, 1):
+                suf = f"/S:{S}/causal:{c}{s}"
+                a, b = t(rows, "BM_layout/bhsd" + suf), t(rows, "BM_layout/bshd" + suf)
+                r = a / b if a and b else None
+                print(f"| token-major vs contiguous, S={S}{' causal' if c else ''} | "
+                      f"{fmt(r)}x | >= 0.95x |")
+        for S in (512, 2048):
+            for c in (0, 1):
+                suf = f"/S:{S}/causal:{c}{s}"
+                f32 = t(rows, "BM_prefill/kv:f32" + suf)
+                for kv in ("f16", "bf16"):
+                    x = t(rows, f"BM_prefill/kv:{kv}" + suf)
+                    r = f32 / x if f32 and x else None
+                    print(f"| prefill S={S}{' causal' if c else ''}, K/V {kv} vs f32 | "
+                          f"{fmt(r)}x | >= 0.9x |")
+        for S in (1, 20, 512):
+            f32 = t(rows, f"BM_projection/wo:f32/S:{S}{s}")
+            b = t(rows, f"BM_projection/wo:bf16/S:{S}{s}")
+            r = f32 / b if f32 and b else None
+            print(f"| projection S={S}, Wo bf16 vs f32 | {fmt(r)}x "
+                  f"({fmt(b, '{:.1f}')} vs {fmt(f32, '{:.1f}')} us) | "
+                  f"{'>= 1.6x' if S == 1 else 'reported'} |")
+
+
+if __name__ == "__main__":
+    main()
