@@ -5,7 +5,9 @@
 #include <exception>
 #include <memory>
 #include <new>
+#include <vector>
 
+#include "dispatch/native_ops.h"
 #include "dispatch/ops.h"
 #include "dispatch/targets.h"
 #include "dispatch/threads.h"
@@ -14,6 +16,7 @@
 #include "dispatch/test_hooks.h"
 #include "hwy/aligned_allocator.h"
 #include "hwy/targets.h"
+#include "kernels/native/native.h"
 #include "kernels/shapes.h"
 #ifdef HEADSUM_HAVE_ONEDNN
 #include "kernels/onednn/onednn_ref.h"
@@ -67,21 +70,31 @@ const char* headsum_version(void) { return HEADSUM_VERSION_STRING; }
 
 const char* headsum_last_error(void) { return LastError(); }
 
-const char* headsum_active_target(void) { return hwy::TargetName(ActiveTarget()); }
+const char* headsum_active_target(void) { return ActiveTargetName(); }
 
 int headsum_compiled_targets(const char** names, int capacity) {
-  const auto targets = CompiledTargets();
-  for (int i = 0; names != nullptr && i < capacity && i < static_cast<int>(targets.size());
-       ++i) {
-    names[i] = hwy::TargetName(targets[static_cast<size_t>(i)]);
+  // The native bf16 paths first (best first), then Highway's targets.
+  std::vector<const char*> all;
+  for (const headsum::native::Path* const* p = headsum::native::CompiledPaths(); *p; ++p) {
+    all.push_back((*p)->name);
   }
-  return static_cast<int>(targets.size());
+  for (int64_t t : CompiledTargets()) all.push_back(hwy::TargetName(t));
+  for (int i = 0; names != nullptr && i < capacity && i < static_cast<int>(all.size()); ++i) {
+    names[i] = all[static_cast<size_t>(i)];
+  }
+  return static_cast<int>(all.size());
 }
 
 headsum_status headsum_set_target(const char* name) {
   static const char* fn = "headsum_set_target";
   if (name == nullptr) {
     ResetActiveTarget();
+    return HEADSUM_OK;
+  }
+  if (const headsum::native::Path* native = headsum::native::PathByName(name)) {
+    if (!SetActiveNative(native)) {
+      return Fail(HEADSUM_ERR_UNSUPPORTED, fn, "name = \"%s\": this CPU cannot run it", name);
+    }
     return HEADSUM_OK;
   }
   const int64_t target = TargetFromName(name);
@@ -94,6 +107,17 @@ headsum_status headsum_set_target(const char* name) {
   }
   return HEADSUM_OK;
 }
+
+headsum_status headsum_set_fpmath(int mode) {
+  if (mode != HEADSUM_FPMATH_STRICT && mode != HEADSUM_FPMATH_BF16) {
+    return Fail(HEADSUM_ERR_INVALID_ARGUMENT, "headsum_set_fpmath",
+                "mode = %d is none of HEADSUM_FPMATH_STRICT (0), HEADSUM_FPMATH_BF16 (1)", mode);
+  }
+  SetFpMath(mode);
+  return HEADSUM_OK;
+}
+
+int headsum_get_fpmath(void) { return FpMath(); }
 
 headsum_status headsum_set_num_threads(int n) {
   if (n < 0) {
@@ -206,6 +230,13 @@ struct headsum_wo_packed {
   int64_t heads, head_dim, model_dim;
   hwy::AlignedFreeUniquePtr<float[]> data;  // panels, kernels/shapes.h: kWoPanelCols
   headsum::DType dtype = headsum::DType::kF32;  // of the panels' elements
+  // The native bf16 panels (dispatch/native_ops.h), made at pack time when a
+  // native path was in force and the call would take it (bf16 Wo, or any
+  // under fpmath BF16); null otherwise.
+  hwy::AlignedFreeUniquePtr<float[]> native;
+  const uint16_t* native_panels() const {
+    return reinterpret_cast<const uint16_t*>(native.get());
+  }
 };
 
 namespace {
@@ -223,6 +254,18 @@ headsum_status HandOut(const char* fn, const char* what, Handle* made, const Fil
   }
   HEADSUM_CHECK(Reported(fn, fill(owned->data.get())));
   *out = owned.release();
+  return HEADSUM_OK;
+}
+
+// A packed Wo's native panels, when a call on this handle would take a
+// native path (see headsum_wo_packed::native).
+headsum_status AddNativePanels(const char* fn, const ProjDims& p, const headsum::TensorView& wo,
+                               headsum_wo_packed* made) {
+  if (made == nullptr) return HEADSUM_OK;  // HandOut reports it
+  const headsum::native::Path* n = NativeFor({wo.dtype});
+  if (n == nullptr) return HEADSUM_OK;
+  made->native = NativePackWo(*n, p, wo);
+  if (!made->native) return Fail(HEADSUM_ERR_OUT_OF_MEMORY, fn, "out of memory for the packed Wo");
   return HEADSUM_OK;
 }
 
@@ -253,11 +296,16 @@ headsum_status headsum_wo_pack(const headsum_proj_shape* shape, const float* wo,
   HEADSUM_CHECK(CheckPointer(fn, "wo", wo));
   HEADSUM_CHECK(CheckPointer(fn, "packed", packed));
   return Guarded(fn, [&] {
-    return HandOut(
-        fn, "the packed Wo",
-        new (std::nothrow) headsum_wo_packed{shape->heads, shape->head_dim, shape->model_dim,
-                                             AllocateFloats(p.inner() * p.model_dim)},
-        [&](float* panels) { return PackWo(p, wo, panels); }, packed);
+    auto* made = new (std::nothrow) headsum_wo_packed{shape->heads, shape->head_dim,
+                                                      shape->model_dim,
+                                                      AllocateFloats(p.inner() * p.model_dim)};
+    if (headsum_status st = AddNativePanels(
+            fn, p, headsum::ContiguousF32(wo, 1, p.inner(), p.model_dim), made)) {
+      delete made;
+      return st;
+    }
+    return HandOut(fn, "the packed Wo", made,
+                   [&](float* panels) { return PackWo(p, wo, panels); }, packed);
   });
 }
 
@@ -274,11 +322,12 @@ headsum_status headsum_project_heads_sum_packed(const headsum_proj_shape* shape,
   HEADSUM_CHECK(CheckSameWeights(fn, "packed Wo", shape, wo->heads, wo->head_dim,
                                  wo->model_dim));
   return Guarded(fn, [&] {
-    if (wo->dtype != headsum::DType::kF32) {
+    if (wo->dtype != headsum::DType::kF32 || wo->native) {
       return Reported(fn, ChainedSum(p, headsum::ContiguousF32(heads, p.heads, p.seq,
                                                                p.head_dim),
-                                     WoSource{wo->data.get(), wo->dtype, 0, true}, bias,
-                                     ContiguousYF32(p, y)));
+                                     WoSource{wo->data.get(), wo->dtype, 0, true,
+                                              wo->native_panels()},
+                                     bias, ContiguousYF32(p, y)));
     }
     return Reported(fn, ProjectHeadsSumPacked(p, heads, wo->data.get(), bias, y));
   });
@@ -544,6 +593,10 @@ headsum_status headsum_wo_pack_tensor(const headsum_proj_shape* shape,
     auto* made = new (std::nothrow) headsum_wo_packed{shape->heads, shape->head_dim,
                                                       shape->model_dim, AllocateFloats(floats),
                                                       wo_view.dtype};
+    if (headsum_status st = AddNativePanels(fn, p, wo_view, made)) {
+      delete made;
+      return st;
+    }
     return HandOut(fn, "the packed Wo", made, [&](float* panels) {
       return PackWo(p, WoSource{wo_view.data, wo_view.dtype, wo_view.ss, false}, panels);
     }, packed);
@@ -567,7 +620,9 @@ headsum_status headsum_project_heads_sum_packed_tensors(const headsum_proj_shape
   // The packed panels are the library's own memory: y cannot be in them
   // unless the caller wrote into a freed handle.
   return Guarded(fn, [&] {
-    return Reported(fn, ChainedSum(p, o_view, WoSource{wo->data.get(), wo->dtype, 0, true},
+    return Reported(fn, ChainedSum(p, o_view,
+                                   WoSource{wo->data.get(), wo->dtype, 0, true,
+                                            wo->native_panels()},
                                    bias, y_view));
   });
 }

@@ -10,6 +10,7 @@
 #include "kernels/softmax_v-inl.h"
 
 #if HWY_ONCE
+#include "dispatch/native_ops.h"
 #include "dispatch/ops.h"
 #include "dispatch/targets.h"
 #include "dispatch/threads.h"
@@ -98,6 +99,10 @@ headsum_status Attention(const AttnDims& a, const float* q, const float* k, cons
 }
 
 headsum_status Attention(const AttnDims& a, const AttnViews& views) {
+  // bf16 inputs (or any, under fpmath BF16) on a native bf16 path in force.
+  if (const native::Path* n = NativeFor({views.q.dtype, views.k.dtype, views.v.dtype})) {
+    return NativeAttention(*n, a, views);
+  }
   // A decode step (Sq = 1) of grouped heads: the query rows of the heads that
   // share a kv head are one head stride apart in Q and O, so each group is
   // one head of `group` rows over its keys, all of which every row sees.

@@ -5,6 +5,7 @@
 #define HEADSUM_DISPATCH_OPS_H_
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "headsum/headsum.h"
 #include "kernels/shapes.h"
@@ -33,6 +34,8 @@ struct WoSource {
   DType dtype;
   size_t stride;  // elements between rows (unpacked)
   bool packed;
+  // A packed handle's native bf16 panels (dispatch/native_ops.h), if any.
+  const uint16_t* native = nullptr;
 };
 // packed: Wo's panels in its own dtype.
 headsum_status PackWo(const ProjDims& p, const WoSource& wo, void* packed);

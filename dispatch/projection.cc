@@ -11,6 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "dispatch/native_ops.h"
 #include "dispatch/ops.h"
 #include "dispatch/targets.h"
 #include "dispatch/threads.h"
@@ -75,6 +76,18 @@ size_t ChainRowBlock(const ProjDims& p) {
 // does not depend on it, nor on the thread count.
 headsum_status ChainedSum(const ProjDims& p, const TensorView& heads, const WoSource& wo,
                           const float* bias, const TensorView& y) {
+  // bf16 O and Wo (or any, under fpmath BF16) on a native bf16 path in force;
+  // a packed handle serves it when it holds the native panels.
+  if (const native::Path* n = NativeFor({heads.dtype, wo.dtype})) {
+    if (!wo.packed) {
+      TensorView wo_view;
+      wo_view.data = const_cast<void*>(wo.data);
+      wo_view.dtype = wo.dtype;
+      wo_view.ss = wo.stride;
+      return NativeProjection(*n, p, heads, &wo_view, nullptr, bias, y);
+    }
+    if (wo.native != nullptr) return NativeProjection(*n, p, heads, nullptr, wo.native, bias, y);
+  }
   const size_t t = TableIndex(ActiveTarget());
   const auto kernel = HWY_DISPATCH_TABLE(ChainTile)[t];
   const size_t mc = ChainRowBlock(p);

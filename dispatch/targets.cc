@@ -6,7 +6,9 @@
 #include <atomic>
 #include <mutex>
 
+#include "headsum/headsum.h"
 #include "hwy/highway.h"  // HWY_TARGETS under this build's target policy
+#include "kernels/native/native.h"
 
 namespace headsum {
 namespace dispatch {
@@ -16,6 +18,16 @@ namespace {
 // SIMD value: nothing here runs target-specific code at static init.
 std::atomic<int64_t> g_active{0};
 std::once_flag g_init;
+// The native path in force (nullptr: none); set with g_active.
+std::atomic<const native::Path*> g_native{nullptr};
+std::atomic<int> g_fpmath{HEADSUM_FPMATH_STRICT};
+
+const native::Path* BestNative() {
+  for (const native::Path* const* p = native::CompiledPaths(); *p != nullptr; ++p) {
+    if ((*p)->cpu_runs()) return *p;
+  }
+  return nullptr;
+}
 
 int64_t BestRunnable() {
   for (int64_t t : CompiledTargets()) {
@@ -26,11 +38,19 @@ int64_t BestRunnable() {
 
 void InitFromEnvironment() {
   int64_t chosen = BestRunnable();
+  const native::Path* chosen_native = BestNative();
   if (const char* env = getenv("HEADSUM_TARGET")) {
     const int64_t wanted = TargetFromName(env);
-    if (wanted != 0 && CpuRuns(wanted)) chosen = wanted;
+    const native::Path* wanted_native = native::PathByName(env);
+    if (wanted != 0 && CpuRuns(wanted)) {
+      chosen = wanted;
+      chosen_native = nullptr;  // a Highway target turns the native paths off
+    } else if (wanted_native != nullptr && wanted_native->cpu_runs()) {
+      chosen_native = wanted_native;
+    }
   }
   int64_t expected = 0;
+  g_native.store(chosen_native, std::memory_order_relaxed);
   g_active.compare_exchange_strong(expected, chosen);
 }
 
@@ -68,11 +88,37 @@ int64_t ActiveTarget() {
 bool SetActiveTarget(int64_t target) {
   if ((HWY_TARGETS & target) == 0 || !CpuRuns(target)) return false;
   std::call_once(g_init, [] {});  // an explicit choice outranks the environment
+  g_native.store(nullptr, std::memory_order_release);  // Highway alone
   g_active.store(target, std::memory_order_release);
   return true;
 }
 
-void ResetActiveTarget() { SetActiveTarget(BestRunnable()); }
+void ResetActiveTarget() {
+  SetActiveTarget(BestRunnable());
+  g_native.store(BestNative(), std::memory_order_release);
+}
+
+const native::Path* ActiveNative() {
+  ActiveTarget();  // resolves the start-up choice first
+  return g_native.load(std::memory_order_acquire);
+}
+
+bool SetActiveNative(const native::Path* path) {
+  if (path == nullptr || !path->cpu_runs()) return false;
+  std::call_once(g_init, [] {});
+  g_active.store(BestRunnable(), std::memory_order_release);
+  g_native.store(path, std::memory_order_release);
+  return true;
+}
+
+const char* ActiveTargetName() {
+  const int64_t t = ActiveTarget();
+  if (const native::Path* n = g_native.load(std::memory_order_acquire)) return n->name;
+  return hwy::TargetName(t);
+}
+
+int FpMath() { return g_fpmath.load(std::memory_order_relaxed); }
+void SetFpMath(int mode) { g_fpmath.store(mode, std::memory_order_relaxed); }
 
 size_t TableIndex(int64_t target) {
   // HWY_EXPORT tables: entry 0 is Highway's own first-call dispatcher, then

@@ -10,6 +10,9 @@
 #include <vector>
 
 namespace headsum {
+namespace native {
+struct Path;
+}  // namespace native
 namespace dispatch {
 
 // Highway target bits this build compiled, best first.
@@ -26,6 +29,22 @@ int64_t TargetFromName(const char* name);
 bool CpuRuns(int64_t target);
 // Index of `target`'s entry in a table made by HWY_EXPORT.
 size_t TableIndex(int64_t target);
+
+// Native bf16 paths (kernels/native/native.h), targets beside Highway's: on
+// first use the best one the CPU runs is in force (bf16 calls take it, every
+// other call the active Highway target), unless HEADSUM_TARGET names another
+// target.  nullptr: none in force.
+const native::Path* ActiveNative();
+// Puts `path` in force with the best Highway target; false when the CPU
+// cannot run it.
+bool SetActiveNative(const native::Path* path);
+// The name headsum_active_target() reports: the native path in force, else
+// the Highway target.
+const char* ActiveTargetName();
+// fpmath (headsum_fpmath): whether f32/f16 inputs may be rounded to bf16 for
+// a native path.
+int FpMath();
+void SetFpMath(int mode);
 
 }  // namespace dispatch
 }  // namespace headsum

@@ -129,6 +129,15 @@ std::vector<double> AttentionBound(const RefAttnDims& d, const float* q, const f
   return SoftmaxVBoundImpl(d, RefQkScores(d, q, k), QkScoresError(d, q, k), v);
 }
 
+std::vector<double> NativeBf16PvBound(const RefAttnDims& d, const float* q, const float* k,
+                                      const float* v) {
+  std::vector<float> abs_v(size_t(d.batch * d.kv_heads * d.seq_kv * d.head_dim));
+  for (size_t i = 0; i < abs_v.size(); ++i) abs_v[i] = std::fabs(v[i]);
+  std::vector<double> a = RefProbsTimesV(d, RefSoftmaxRows(d, RefQkScores(d, q, k)), abs_v.data());
+  for (double& x : a) x *= kSafety / 256.0;
+  return a;
+}
+
 std::vector<double> AbsContributions(const RefProjDims& d, const float* heads, const float* wo) {
   std::vector<double> a(d.per_head_elems(), 0.0);
   for (int64_t b = 0; b < d.batch; ++b) {

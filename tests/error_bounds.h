@@ -45,6 +45,14 @@ std::vector<double> SoftmaxVBound(const RefAttnDims& d, const float* scores, con
 std::vector<double> AttentionBound(const RefAttnDims& d, const float* q, const float* k,
                                    const float* v);
 
+// The native bf16 paths (kernels/native/) round P to bf16 for P V: each
+// term p_j v_j carries a relative error <= 2^-8 (bf16's unit roundoff), so
+// an output element gains at most 2^-8 sum_j p_j |v_j|.  This returns
+// kSafety 2^-8 sum_j p_j |v_j| per element [B][H][Sq][L], to add to
+// AttentionBound when a native path computed the result.
+std::vector<double> NativeBf16PvBound(const RefAttnDims& d, const float* q, const float* k,
+                                      const float* v);
+
 // Sum_l |O[b][h][s][l] Wo[h][l][col]|: the magnitude behind every bound of the
 // projection family.  [B][S][H][D]
 std::vector<double> AbsContributions(const RefProjDims& d, const float* heads, const float* wo);

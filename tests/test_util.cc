@@ -1,5 +1,7 @@
 #include "test_util.h"
 
+#include "../kernels/native/native.h"
+
 #include <algorithm>
 #include <cctype>
 #include <cmath>
@@ -137,6 +139,10 @@ std::string TargetParamName(const testing::TestParamInfo<std::string>& info) {
     if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
   }
   return s;
+}
+
+bool NativeBf16Active() {
+  return headsum::native::PathByName(headsum_active_target()) != nullptr;
 }
 
 bool OnednnAvailable() {

@@ -88,6 +88,10 @@ std::string TargetParamName(const testing::TestParamInfo<std::string>& info);
                            testing::ValuesIn(::headsum_test::CompiledTargetNames()),      \
                            ::headsum_test::TargetParamName)
 
+// Whether the target in force is a native bf16 path (kernels/native/):
+// then calls whose inputs are all bf16 round P to bf16 (NativeBf16PvBound).
+bool NativeBf16Active();
+
 // Whether this build has the oneDNN paths (they return UNSUPPORTED when not).
 bool OnednnAvailable();
 

@@ -47,12 +47,16 @@ typedef struct {
 const char* headsum_version(void);
 /* This thread's last failure, human-readable; "" if none. */
 const char* headsum_last_error(void);
-/* Highway name of the target the kernels run on now: "AVX3_DL", "AVX3",
- * "AVX2", "SSE4", "SSSE3", "NEON", "SVE", "SVE2", "SVE_256", "SVE2_128",
- * "SCALAR", "EMU128". */
+/* Name of the target in force: a native bf16 path ("AMX_BF16",
+ * "AVX512_BF16", "NEON_BF16": bf16 calls run on it, every other call on the
+ * best Highway target) or a Highway target ("AVX3_DL", "AVX3", "AVX2",
+ * "SSE4", "SSSE3", "NEON", "SVE", "SVE2", "SVE_256", "SVE2_128", "SCALAR",
+ * "EMU128"). */
 const char* headsum_active_target(void);
 /* Writes up to `capacity` names of the targets this build compiled (best
- * first) into `names` (may be NULL when capacity is 0); returns their count. */
+ * first: the native bf16 paths, then Highway's) into `names` (may be NULL
+ * when capacity is 0); returns their count.  Setting a native path makes
+ * bf16 calls use it; setting a Highway target turns the native paths off. */
 int headsum_compiled_targets(const char** names, int capacity);
 /* Restricts dispatch to `name`; NULL restores the best target the CPU runs.
  * An unknown name, one this build did not compile or one this CPU cannot
@@ -63,6 +67,17 @@ headsum_status headsum_set_target(const char* name);
 /* Threads used by each call; 0 restores the default (OpenMP's). Process-wide.
  * Without OpenMP every call runs on the calling thread. */
 headsum_status headsum_set_num_threads(int n);
+
+/* Floating-point math mode, like oneDNN's fpmath_mode.  STRICT (default):
+ * a call takes a native bf16 path only when all its inputs (q, k, v; heads
+ * and wo) are bf16; f32 and f16 inputs are computed in f32.  BF16: any
+ * input may be rounded to bf16 (to nearest even, once) and multiplied by
+ * the native path in force, f32 accumulation (P rounded to bf16 for P V).
+ * Process-wide; calls already running keep the mode they started with.
+ * Another value: HEADSUM_ERR_INVALID_ARGUMENT, mode unchanged. */
+typedef enum { HEADSUM_FPMATH_STRICT = 0, HEADSUM_FPMATH_BF16 = 1 } headsum_fpmath;
+headsum_status headsum_set_fpmath(int mode);
+int headsum_get_fpmath(void);
 
 /* S = scale * Q K^T, masked entries -inf.  scores [B][H][Sq][Skv]. */
 headsum_status headsum_qk_scores(const headsum_attn_shape* shape, const float* q,

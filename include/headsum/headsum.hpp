@@ -263,6 +263,10 @@ inline std::vector<std::string> compiled_targets() {
 inline void set_target(const std::string& name) { check(headsum_set_target(name.c_str())); }
 inline void reset_target() { check(headsum_set_target(nullptr)); }
 inline void set_num_threads(int n) { check(headsum_set_num_threads(n)); }
+// headsum_fpmath: Fpmath::bf16 lets f32/f16 inputs take a native bf16 path.
+enum class Fpmath : int { strict = HEADSUM_FPMATH_STRICT, bf16 = HEADSUM_FPMATH_BF16 };
+inline void set_fpmath(Fpmath mode) { check(headsum_set_fpmath(static_cast<int>(mode))); }
+inline Fpmath fpmath() { return static_cast<Fpmath>(headsum_get_fpmath()); }
 
 // Runs the kernels on `name` for the lifetime of this object.
 class ScopedTarget {

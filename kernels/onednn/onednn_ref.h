@@ -4,6 +4,8 @@
 #ifndef HEADSUM_KERNELS_ONEDNN_ONEDNN_REF_H_
 #define HEADSUM_KERNELS_ONEDNN_ONEDNN_REF_H_
 
+#include <stdint.h>
+
 #include <string>
 
 #include "headsum/headsum.h"
@@ -30,6 +32,18 @@ headsum_status Attention(const AttnDims& a, const float* q, const float* k, cons
 // slow fallback): "qk_matmul=... softmax=... pv_matmul=... project_matmul=...".
 // For benchmark context; creates (and caches) the primitives; never throws.
 std::string DescribeImpls(const AttnDims& a, const ProjDims& p, int num_threads);
+
+// bf16 twins of the native paths (onednn_bf16.cc), contiguous bf16 operands
+// (u16 bits): out [B][H][Sq][L] = softmax(scale Q K^T + mask) V composed
+// from bf16 matmuls (S f32, P bf16); y = concat(O) @ Wo (+ bias) in f32.
+// impls (may be null) receives the oneDNN implementation names.
+// UNSUPPORTED when oneDNN has no implementation here.
+headsum_status AttentionBf16(const AttnDims& a, const uint16_t* q, const uint16_t* k,
+                             const uint16_t* v, uint16_t* out, int num_threads,
+                             std::string* impls);
+headsum_status ConcatProjectBf16(const ProjDims& p, const uint16_t* heads, const uint16_t* wo,
+                                 const float* bias, float* y, int num_threads,
+                                 std::string* impls);
 
 // What this thread's last failing call above caught (oneDNN's message, "out
 // of memory", ...), for headsum_last_error(); valid until the next failure.
