@@ -460,12 +460,16 @@ HWY_NOINLINE void FlashAttentionGroupByDot(const AttnDims& a, const float* HWY_R
         o2 = hn::MulAdd(hn::Set(dc, s_rows[2 * kDotKeyTile + jj]), x, o2);
         o3 = hn::MulAdd(hn::Set(dc, s_rows[3 * kDotKeyTile + jj]), x, o3);
       }
-      const decltype(o0) o[R] = {o0, o1, o2, o3};
-      for (size_t r = 0; r < R; ++r) {
-        if (!use[r]) continue;
+      // (No arrays of vectors: SVE's are sizeless types.)
+      const auto put = [&](size_t r, decltype(o0) o) {
+        if (!use[r]) return;
         float* HWY_RESTRICT a_rc = acc + r * L + c;
-        hn::StoreU(hn::MulAdd(hn::LoadU(dc, a_rc), hn::Set(dc, corr[r]), o[r]), dc, a_rc);
-      }
+        hn::StoreU(hn::MulAdd(hn::LoadU(dc, a_rc), hn::Set(dc, corr[r]), o), dc, a_rc);
+      };
+      put(0, o0);
+      put(1, o1);
+      put(2, o2);
+      put(3, o3);
     };
     size_t c = 0;
     for (; c + 2 * N <= lv; c += 2 * N) {  // two vectors: 8 accumulators
@@ -486,14 +490,17 @@ HWY_NOINLINE void FlashAttentionGroupByDot(const AttnDims& a, const float* HWY_R
         o30 = hn::MulAdd(p3, x0, o30);
         o31 = hn::MulAdd(p3, x1, o31);
       }
-      const decltype(o00) o[R][2] = {{o00, o01}, {o10, o11}, {o20, o21}, {o30, o31}};
-      for (size_t r = 0; r < R; ++r) {
-        if (!use[r]) continue;
+      const auto put = [&](size_t r, decltype(o00) lo, decltype(o00) hi) {
+        if (!use[r]) return;
         float* HWY_RESTRICT a_rc = acc + r * L + c;
         const auto cr = hn::Set(d, corr[r]);
-        hn::StoreU(hn::MulAdd(hn::LoadU(d, a_rc), cr, o[r][0]), d, a_rc);
-        hn::StoreU(hn::MulAdd(hn::LoadU(d, a_rc + N), cr, o[r][1]), d, a_rc + N);
-      }
+        hn::StoreU(hn::MulAdd(hn::LoadU(d, a_rc), cr, lo), d, a_rc);
+        hn::StoreU(hn::MulAdd(hn::LoadU(d, a_rc + N), cr, hi), d, a_rc + N);
+      };
+      put(0, o00, o01);
+      put(1, o10, o11);
+      put(2, o20, o21);
+      put(3, o30, o31);
     }
     for (; c + N <= lv; c += N) rest(d, c);
     const hn::CappedTag<float, 1> d1;
