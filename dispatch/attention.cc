@@ -135,9 +135,10 @@ headsum_status Attention(const AttnDims& a, const AttnViews& views) {
   // One query block per head: split its keys, then merge the partials in
   // key order.  partials: [B*H][splits][Sq][L + 2].
   const size_t per_split = a.seq_q * HWY_DISPATCH_TABLE(PartialFloats)[t](a);
-  hwy::AlignedFreeUniquePtr<float[]> partials =
-      AllocateFloats(a.batch * a.heads * splits * per_split);
-  if (!partials) return HEADSUM_ERR_OUT_OF_MEMORY;
+  hwy::AlignedFreeUniquePtr<float[]> fresh;
+  float* const partials =
+      CallBuffer(CachedBuffer::kPartials, a.batch * a.heads * splits * per_split, &fresh);
+  if (partials == nullptr) return HEADSUM_ERR_OUT_OF_MEMORY;
   // Items run kv head by kv head, split by split, and the query heads that
   // share a kv head (GQA, MQA) next to each other: a split's keys and values
   // come from L3 once and from L2 for the other heads of the group.
@@ -149,13 +150,13 @@ headsum_status Attention(const AttnDims& a, const AttnViews& views) {
         const size_t bh = b * a.heads + h;
         const size_t key_end = HWY_MIN((c + 1) * kKeySplit, a.seq_kv);
         kernel(a, views, b, h, 0, a.seq_q, c * kKeySplit, key_end,
-               partials.get() + (bh * splits + c) * per_split, scratch);
+               partials + (bh * splits + c) * per_split, scratch);
       })) {
     return s;
   }
   const auto merge = HWY_DISPATCH_TABLE(MergeKeySplits)[t];
   return ParallelItems(heads, HWY_DISPATCH_TABLE(MergeScratch)[t](a), [&](size_t bh, float* scratch) {
-    merge(a, partials.get() + bh * splits * per_split, splits, views.out, bh / a.heads,
+    merge(a, partials + bh * splits * per_split, splits, views.out, bh / a.heads,
           bh % a.heads, 0, a.seq_q, scratch);
   });
 }

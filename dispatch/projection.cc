@@ -9,6 +9,7 @@
 
 #if HWY_ONCE
 #include <string.h>
+#include <unistd.h>
 
 #include "dispatch/native_ops.h"
 #include "dispatch/ops.h"
@@ -37,9 +38,6 @@ constexpr size_t kColBlock = 128;
 
 size_t CeilDiv(size_t a, size_t b) { return (a + b - 1) / b; }
 
-// The chained sum's items are one Wo panel (kWoPanelCols columns) by
-// kChainRows rows each, panel-major, so that the threads share one panel in
-// cache while they run down the rows.
 bool EveryGateIsOne(const float* head_gates, size_t heads) {
   if (head_gates == nullptr) return true;
   for (size_t h = 0; h < heads; ++h) {
@@ -50,8 +48,32 @@ bool EveryGateIsOne(const float* head_gates, size_t heads) {
 
 }  // namespace
 
+// The L2 size of this CPU (sysconf), or 256 KiB when it does not say.
+size_t L2Bytes() {
+  static const size_t bytes = [] {
+    const long r = sysconf(_SC_LEVEL2_CACHE_SIZE);
+    return r > 0 ? static_cast<size_t>(r) : size_t{256} << 10;
+  }();
+  return bytes;
+}
+
+// Rows of O per work item of the chained sum: as many as fill half the L2
+// ([H*L] floats a row), in whole kChainRows tiles, 1 to 8 of them.
+size_t ChainRowBlock(const ProjDims& p) {
+  const size_t rows = L2Bytes() / 2 / (p.inner() * sizeof(float));
+  return HWY_MIN(HWY_MAX(rows / kChainRows, size_t{1}), size_t{8}) * kChainRows;
+}
+
 // Y = bias + sum_h O_h Wo[h] with the heads summed in registers, reading
-// Wo in place or from headsum_wo_pack's panels.
+// Wo in place or from headsum_wo_pack's panels.  A work item is a block of
+// rows (sized to the L2) times a group of Wo panels; inside it, panel by
+// panel, the rows run in kChainRows tiles: the block of O is read from
+// memory once and from L2 for every other panel, a panel from L2 once per
+// tile.  (Items of one panel each, the earlier order, re-read all of O once
+// per panel: 11 times at D = 512, from DRAM once O outgrows the L2.)
+// Panels are split into groups only as far as the threads need items.
+// Every element of Y is one FMA chain whatever the blocking: the result
+// does not depend on it, nor on the thread count.
 headsum_status ChainedSum(const ProjDims& p, const TensorView& heads, const WoSource& wo,
                           const float* bias, const TensorView& y) {
   // bf16 O and Wo (or any, under fpmath BF16) on a native bf16 path in force;
@@ -68,20 +90,30 @@ headsum_status ChainedSum(const ProjDims& p, const TensorView& heads, const WoSo
   }
   const size_t t = TableIndex(ActiveTarget());
   const auto kernel = HWY_DISPATCH_TABLE(ChainTile)[t];
-  const size_t row_blocks = CeilDiv(p.seq, kChainRows);
-  const size_t panel_items = p.batch * row_blocks;
+  const size_t mc = ChainRowBlock(p);
+  const size_t row_blocks = CeilDiv(p.seq, mc), blocks = p.batch * row_blocks;
+  const size_t panels = WoPanels(p.model_dim);
+  const size_t threads = static_cast<size_t>(NumThreads());
+  const size_t groups = HWY_MIN(panels, CeilDiv(4 * threads, blocks));
+  const size_t per_group = CeilDiv(panels, groups);
   const size_t bytes = DTypeBytes(wo.dtype);
-  return ParallelItems(WoPanels(p.model_dim) * panel_items,
+  return ParallelItems(blocks * groups,
                        HWY_DISPATCH_TABLE(ChainScratch)[t](p, heads.dtype, y.dtype),
                        [&](size_t item, float* scratch) {
-    const size_t panel = item / panel_items;
-    const size_t b = item % panel_items / row_blocks, s0 = item % row_blocks * kChainRows;
-    const size_t c0 = panel * kWoPanelCols, c1 = HWY_MIN(c0 + kWoPanelCols, p.model_dim);
-    const char* base = static_cast<const char*>(wo.data);
-    const void* wo_c0 = wo.packed ? base + c0 * p.inner() * bytes : base + c0 * bytes;
-    const size_t ldw = wo.packed ? c1 - c0 : wo.stride;
-    kernel(p, heads, wo_c0, wo.dtype, ldw, bias, y, b, s0, HWY_MIN(s0 + kChainRows, p.seq), c0,
-           c1, scratch);
+    const size_t group = item % groups, block = item / groups;
+    const size_t b = block / row_blocks, r0 = block % row_blocks * mc;
+    const size_t r1 = HWY_MIN(r0 + mc, p.seq);
+    const size_t panel_end = HWY_MIN((group + 1) * per_group, panels);
+    for (size_t panel = group * per_group; panel < panel_end; ++panel) {
+      const size_t c0 = panel * kWoPanelCols, c1 = HWY_MIN(c0 + kWoPanelCols, p.model_dim);
+      const char* base = static_cast<const char*>(wo.data);
+      const void* wo_c0 = wo.packed ? base + c0 * p.inner() * bytes : base + c0 * bytes;
+      const size_t ldw = wo.packed ? c1 - c0 : wo.stride;
+      for (size_t s0 = r0; s0 < r1; s0 += kChainRows) {
+        kernel(p, heads, wo_c0, wo.dtype, ldw, bias, y, b, s0, HWY_MIN(s0 + kChainRows, r1), c0,
+               c1, scratch);
+      }
+    }
   });
 }
 

@@ -33,6 +33,8 @@ void SetStreamScoresBytes(size_t bytes) {
 }  // namespace testing
 
 namespace dispatch {
+bool AllocationHookArmed() { return g_allocations_left.load(std::memory_order_relaxed) >= 0; }
+
 size_t StreamScoresBytes() { return g_stream_scores_bytes.load(std::memory_order_relaxed); }
 
 hwy::AlignedFreeUniquePtr<float[]> AllocateFloats(size_t n) {

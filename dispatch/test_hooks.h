@@ -38,6 +38,11 @@ namespace dispatch {
 // aborts.  The one way the library allocates its buffers.
 hwy::AlignedFreeUniquePtr<float[]> AllocateFloats(size_t n);
 
+// Whether FailAllocationsAfter has armed the hook (n >= 0): buffers that
+// are otherwise kept between calls are then allocated per call, so that the
+// hook reaches every allocation a call would make on a fresh thread.
+bool AllocationHookArmed();
+
 // The current threshold of SetStreamScoresBytes.
 size_t StreamScoresBytes();
 

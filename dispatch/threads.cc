@@ -20,5 +20,26 @@ int NumThreads() {
 
 void SetNumThreads(int n) { g_num_threads.store(n, std::memory_order_relaxed); }
 
+float* CallBuffer(CachedBuffer which, size_t n, hwy::AlignedFreeUniquePtr<float[]>* fresh) {
+  if (AllocationHookArmed()) {
+    *fresh = AllocateFloats(n);
+    return fresh->get();
+  }
+  struct Kept {
+    hwy::AlignedFreeUniquePtr<float[]> data{nullptr, hwy::AlignedFreer()};
+    size_t size = 0;
+  };
+  thread_local Kept kept[2];
+  Kept& k = kept[static_cast<int>(which)];
+  if (k.size < n) {
+    k.data.reset();  // the old one first: peak memory is the new size
+    k.size = 0;
+    k.data = AllocateFloats(n);
+    if (!k.data) return nullptr;
+    k.size = n;
+  }
+  return k.data.get();
+}
+
 }  // namespace dispatch
 }  // namespace headsum

@@ -22,6 +22,19 @@ namespace dispatch {
 int NumThreads();
 void SetNumThreads(int n);  // 0: default
 
+// Buffers of the calling thread kept between calls (grow-only), so that a
+// call's scratch costs no allocation and no page faults once the thread has
+// made a call of that size: a decode step or a short sequence is then not
+// dominated by mmap and first-touch faults.  One per use, so that a call may
+// hold both at once.
+enum class CachedBuffer { kScratch = 0, kPartials = 1 };
+
+// A buffer of at least n floats for the calling thread's current call: the
+// kept one, grown (through AllocateFloats) when too small.  While the test
+// hook is armed, a fresh allocation owned by *fresh instead.  Null when the
+// memory is not there.
+float* CallBuffer(CachedBuffer which, size_t n, hwy::AlignedFreeUniquePtr<float[]>* fresh);
+
 // Runs item(i, scratch) for i in [0, n_items), scratch holding
 // `scratch_floats` floats private to the calling thread.  Items are handed
 // out dynamically: callers order them most expensive first.
@@ -30,16 +43,16 @@ headsum_status ParallelItems(size_t n_items, size_t scratch_floats, const Item& 
   if (n_items == 0) return HEADSUM_OK;
   const size_t threads = n_items < static_cast<size_t>(NumThreads())
                              ? n_items : static_cast<size_t>(NumThreads());
-  // Every thread's scratch comes from one allocation made before any output
+  // Every thread's scratch comes from one buffer obtained before any output
   // is touched: running out of memory fails the call cleanly.  Slices are
   // rounded to 64 floats so that threads never share a cache line.
   const size_t stride = (scratch_floats + 63) / 64 * 64;
-  hwy::AlignedFreeUniquePtr<float[]> scratch;
+  hwy::AlignedFreeUniquePtr<float[]> fresh;
+  float* base = nullptr;
   if (stride != 0) {
-    scratch = AllocateFloats(stride * threads);
-    if (!scratch) return HEADSUM_ERR_OUT_OF_MEMORY;
+    base = CallBuffer(CachedBuffer::kScratch, stride * threads, &fresh);
+    if (base == nullptr) return HEADSUM_ERR_OUT_OF_MEMORY;
   }
-  float* const base = scratch.get();
 #ifdef HEADSUM_HAVE_OPENMP
   if (threads > 1) {
 #pragma omp parallel num_threads(static_cast<int>(threads))

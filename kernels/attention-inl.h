@@ -30,6 +30,7 @@
 
 #include <cmath>
 #include <limits>
+#include <type_traits>
 
 #include "hwy/cache_control.h"
 #include "kernels/convert-inl.h"
@@ -78,15 +79,28 @@ struct FlashScratch {
 inline size_t WidenedFloats(const TensorView& t, size_t rows, size_t L) {
   return t.IsF32() ? 0 : rows * L;
 }
-// Rows of a widened K or V tile: none when every block runs on the dot path
-// (which reads 16-bit rows in place).
-inline size_t WidenedKvRows(const AttnDims& a) { return a.seq_q <= kDotRows ? 0 : kKeyTile; }
+// K or V rows the block paths copy into scratch: 16-bit ones (widened).
+// Strided f32 rows (token-major, a fused QKV buffer) are read in place, the
+// next tile prefetched (KvRows::PrefetchTile): a copy costs more than the
+// L1 misses it saves (measured: 12% of a token-major S=2048 prefill in
+// memmove, as slow as reading in place without prefetch).
+inline bool CopiesKvTile(const TensorView& t, size_t /*L*/) { return !t.IsF32(); }
+inline size_t KvTileFloats(const TensorView& t, size_t rows, size_t L) {
+  return CopiesKvTile(t, L) ? rows * L : 0;
+}
+// Rows of a widened K or V tile: a dot-path tile when K and V differ in
+// dtype (RowByDot), else none when every block runs on the dot path (which
+// reads 16-bit rows in place), else a key tile of the block paths.
+inline size_t WidenedKvRows(const AttnDims& a, const AttnViews& v) {
+  if (v.k.dtype != v.v.dtype) return kDotKeyTile;
+  return a.seq_q <= kDotRows ? 0 : kKeyTile;
+}
 
 inline size_t AttentionScratch(const AttnDims& a, const AttnViews& v) {
   const size_t ldw = QueryColumns(kQueryBlock), L = a.head_dim;
   return ldw * L + kKeyTile * ldw + kQueryBlock * L + 4 * ldw + kDotKeyTile + L * kKeyTile +
-         WidenedFloats(v.q, kQueryBlock, L) + WidenedFloats(v.k, WidenedKvRows(a), L) +
-         WidenedFloats(v.v, WidenedKvRows(a), L);
+         WidenedFloats(v.q, kQueryBlock, L) + KvTileFloats(v.k, WidenedKvRows(a, v), L) +
+         KvTileFloats(v.v, WidenedKvRows(a, v), L);
 }
 
 inline FlashScratch CarveFlashScratch(const AttnDims& a, const AttnViews& v, float* scratch) {
@@ -103,8 +117,14 @@ inline FlashScratch CarveFlashScratch(const AttnDims& a, const AttnViews& v, flo
   f.k_t = f.s_row + kDotKeyTile;
   f.q_rows = f.k_t + a.head_dim * kKeyTile;
   f.k_rows = f.q_rows + WidenedFloats(v.q, kQueryBlock, a.head_dim);
-  f.v_rows = f.k_rows + WidenedFloats(v.k, WidenedKvRows(a), a.head_dim);
+  f.v_rows = f.k_rows + KvTileFloats(v.k, WidenedKvRows(a, v), a.head_dim);
   return f;
+}
+
+// Prefetches the cache lines of `bytes` bytes from p.
+HWY_INLINE void PrefetchBytes(const void* p, size_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (size_t i = 0; i < bytes; i += 64) hwy::Prefetch(c + i);
 }
 
 // Rows of K or V of one kv head as the kernels read them: f32 in place
@@ -114,9 +134,20 @@ struct KvRows {
   const char* base;  // byte address of row 0
   DType dtype;
   size_t stride;     // elements between rows
-  float* widened;    // scratch for a tile's rows (16-bit only)
+  float* widened;    // scratch for a tile's rows (CopiesKvTile)
 
   // Rows [j0, j0 + n) as f32; *ld receives their row stride in floats.
+  // Contiguous f32 rows in place; 16-bit or strided rows copied (widened)
+  // into scratch, contiguous.
+  // Prefetches rows [j0, j0 + n): a tile's rows that are not contiguous
+  // (token-major: 2 rows per 4 KiB page) do not start the hardware's stream
+  // prefetcher, so the next tile is asked for while this one is computed.
+  void PrefetchTile(size_t j0, size_t n, size_t L) const {
+    if (stride == L) return;  // contiguous: the hardware streams it
+    const size_t row_bytes = L * DTypeBytes(dtype), bytes = stride * DTypeBytes(dtype);
+    for (size_t r = 0; r < n; ++r) PrefetchBytes(base + (j0 + r) * bytes, row_bytes);
+  }
+
   const float* Tile(size_t j0, size_t n, size_t L, size_t* ld) const {
     if (dtype == DType::kF32) {
       *ld = stride;
@@ -233,12 +264,6 @@ HWY_INLINE void RescaleAddWeightedRows(const float* HWY_RESTRICT p, size_t n,
   for (; c < L; ++c) rest(d1, c);
 }
 
-// Prefetches the cache lines of `bytes` bytes from p.
-HWY_INLINE void PrefetchBytes(const void* p, size_t bytes) {
-  const char* c = static_cast<const char*>(p);
-  for (size_t i = 0; i < bytes; i += 64) hwy::Prefetch(c + i);
-}
-
 // Keys ahead of the one being read that the dot path prefetches: far enough
 // to cover the memory latency at DRAM bandwidth, near enough to stay in L1.
 constexpr size_t kPrefetchKeys = 8;
@@ -286,17 +311,220 @@ HWY_NOINLINE void FlashAttentionRowByDot(const AttnDims& a, const float* HWY_RES
   }
 }
 
-// FlashAttentionRowByDot for K and V of their views' dtypes.
+// FlashAttentionRowByDot for K and V of their views' dtypes.  K and V of one
+// dtype (the usual cache) are read in place; the rare mixed pair (say f16 K,
+// bf16 V) is widened tile by tile into scratch first, so that only three
+// instantiations of the dot path are compiled per target, not nine.
 inline void RowByDot(const AttnDims& a, const float* HWY_RESTRICT q_i, const KvRows& k_g,
                      const KvRows& v_g, size_t visible, size_t key_begin, size_t key_end,
                      float* HWY_RESTRICT acc, float* m, float* l, float* bad,
                      float* HWY_RESTRICT s_row) {
-  WithElementType(k_g.dtype, k_g.base, [&](const auto* k) {
-    WithElementType(v_g.dtype, v_g.base, [&](const auto* v) {
-      FlashAttentionRowByDot(a, q_i, k, k_g.stride, v, v_g.stride, visible, key_begin, key_end,
-                             acc, m, l, bad, s_row);
+  if (k_g.dtype == v_g.dtype) {
+    WithElementType(k_g.dtype, k_g.base, [&](const auto* k) {
+      using T = std::remove_cv_t<std::remove_pointer_t<decltype(k)>>;
+      const T* v = reinterpret_cast<const T*>(v_g.base);
+      FlashAttentionRowByDot(a, q_i, k, k_g.stride, v, v_g.stride, visible, key_begin,
+                             key_end, acc, m, l, bad, s_row);
     });
-  });
+    return;
+  }
+  const size_t L = a.head_dim, end = visible < key_end ? visible : key_end;
+  for (size_t j0 = key_begin; j0 < end && *bad == 0.0f; j0 += kDotKeyTile) {
+    const size_t nj = end - j0 < kDotKeyTile ? end - j0 : kDotKeyTile;
+    size_t ldk, ldv;
+    const float* HWY_RESTRICT k_tile = k_g.Tile(j0, nj, L, &ldk);
+    const float* HWY_RESTRICT v_tile = v_g.Tile(j0, nj, L, &ldv);
+    FlashAttentionRowByDot(a, q_i, k_tile, ldk, v_tile, ldv, nj, 0, nj, acc, m, l, bad, s_row);
+  }
+}
+
+// Query rows that see the same keys, kGroupRows at a time, on dot products
+// (the query heads of a GQA/MQA decode step: H/Hkv rows over one kv head's
+// cache).  Each K and V row is read once for the rows of a group, in place
+// in its own element type (16-bit widened in registers), and prefetched
+// ahead: no K^T packing, which costs as much as the products at this size.
+//   scores: per key, each K vector is multiplied into the rows' accumulators
+//           (two keys at a time: 2 x kGroupRows independent chains), reduced
+//           across the lanes once per (row, key);
+//   P V:    per block of columns, each V vector is loaded once and added into
+//           every row's accumulators, kept in registers over the tile.
+constexpr size_t kGroupRows = 4;
+
+template <class T>
+HWY_NOINLINE void FlashAttentionGroupByDot(const AttnDims& a, const float* HWY_RESTRICT q_blk,
+                                           size_t ldq, const T* HWY_RESTRICT k_g, size_t ldk,
+                                           const T* HWY_RESTRICT v_g, size_t ldv,
+                                           size_t visible, size_t key_begin, size_t key_end,
+                                           float* HWY_RESTRICT acc, float* m, float* l,
+                                           float* bad, float* HWY_RESTRICT s_rows) {
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  constexpr size_t R = kGroupRows;
+  const hn::ScalableTag<float> d;
+  const size_t N = hn::Lanes(d);
+  const size_t L = a.head_dim;
+  const size_t end = visible < key_end ? visible : key_end;
+  const float scale2 = Base2Scale(a);
+  const size_t lv = L / N * N;  // columns in whole vectors; the rest lane by lane
+  for (size_t j0 = key_begin; j0 < end; j0 += kDotKeyTile) {
+    const size_t nj = end - j0 < kDotKeyTile ? end - j0 : kDotKeyTile;
+    const T* HWY_RESTRICT k_tile = k_g + j0 * ldk;
+    const T* HWY_RESTRICT v_tile = v_g + j0 * ldv;
+    // S[r][j] = scale2 q_r . k_j, rows kDotKeyTile apart in s_rows.
+    size_t j = 0;
+    for (; j + 2 <= nj; j += 2) {
+      for (size_t ahead = j + kPrefetchKeys; ahead < j + kPrefetchKeys + 2; ++ahead) {
+        if (j0 + ahead < end) PrefetchBytes(k_tile + ahead * ldk, L * sizeof(T));
+      }
+      PrefetchBytes(v_tile + j * ldv, L * sizeof(T));
+      PrefetchBytes(v_tile + (j + 1) * ldv, L * sizeof(T));
+      const T* HWY_RESTRICT k0 = k_tile + j * ldk;
+      const T* HWY_RESTRICT k1 = k0 + ldk;
+      auto a00 = hn::Zero(d), a01 = hn::Zero(d), a02 = hn::Zero(d), a03 = hn::Zero(d);
+      auto a10 = hn::Zero(d), a11 = hn::Zero(d), a12 = hn::Zero(d), a13 = hn::Zero(d);
+      for (size_t c = 0; c < lv; c += N) {
+        const auto x0 = LoadF32(d, k0 + c), x1 = LoadF32(d, k1 + c);
+        const auto q0 = hn::LoadU(d, q_blk + c), q1 = hn::LoadU(d, q_blk + ldq + c);
+        const auto q2 = hn::LoadU(d, q_blk + 2 * ldq + c), q3 = hn::LoadU(d, q_blk + 3 * ldq + c);
+        a00 = hn::MulAdd(q0, x0, a00);
+        a01 = hn::MulAdd(q1, x0, a01);
+        a02 = hn::MulAdd(q2, x0, a02);
+        a03 = hn::MulAdd(q3, x0, a03);
+        a10 = hn::MulAdd(q0, x1, a10);
+        a11 = hn::MulAdd(q1, x1, a11);
+        a12 = hn::MulAdd(q2, x1, a12);
+        a13 = hn::MulAdd(q3, x1, a13);
+      }
+      float s0[R] = {hn::GetLane(hn::SumOfLanes(d, a00)), hn::GetLane(hn::SumOfLanes(d, a01)),
+                     hn::GetLane(hn::SumOfLanes(d, a02)), hn::GetLane(hn::SumOfLanes(d, a03))};
+      float s1[R] = {hn::GetLane(hn::SumOfLanes(d, a10)), hn::GetLane(hn::SumOfLanes(d, a11)),
+                     hn::GetLane(hn::SumOfLanes(d, a12)), hn::GetLane(hn::SumOfLanes(d, a13))};
+      const hn::CappedTag<float, 1> d1;
+      for (size_t c = lv; c < L; ++c) {
+        const float x0 = hn::GetLane(LoadF32(d1, k0 + c)), x1 = hn::GetLane(LoadF32(d1, k1 + c));
+        for (size_t r = 0; r < R; ++r) {
+          s0[r] += q_blk[r * ldq + c] * x0;
+          s1[r] += q_blk[r * ldq + c] * x1;
+        }
+      }
+      for (size_t r = 0; r < R; ++r) {
+        s_rows[r * kDotKeyTile + j] = scale2 * s0[r];
+        s_rows[r * kDotKeyTile + j + 1] = scale2 * s1[r];
+      }
+    }
+    for (; j < nj; ++j) {
+      PrefetchBytes(v_tile + j * ldv, L * sizeof(T));
+      for (size_t r = 0; r < R; ++r) {
+        s_rows[r * kDotKeyTile + j] = scale2 * Dot(q_blk + r * ldq, k_tile + j * ldk, L);
+      }
+    }
+    // Online softmax, row by row; corr[r] rescales row r's accumulator.
+    // A row that is NaN already, turns NaN here or has seen nothing finite
+    // leaves its accumulator as it is (use[r] false), as the one-row path does.
+    float corr[R];
+    bool use[R];
+    bool any = false;
+    for (size_t r = 0; r < R; ++r) {
+      corr[r] = 1.0f;
+      use[r] = false;
+      float* HWY_RESTRICT s_r = s_rows + r * kDotKeyTile;
+      if (bad[r] != 0.0f) {  // already NaN: nothing more to add
+        Fill(s_r, nj, 0.0f);
+        continue;
+      }
+      const float tile_max = RowMax(s_r, nj);
+      if (!(tile_max < std::numeric_limits<float>::infinity())) {  // NaN or +inf
+        bad[r] = 1.0f;
+        Fill(s_r, nj, 0.0f);
+        continue;
+      }
+      const float m_new = HWY_MAX(m[r], tile_max);
+      if (m_new == kNegInf) {
+        Fill(s_r, nj, 0.0f);
+        continue;
+      }
+      use[r] = true;
+      corr[r] = m[r] == kNegInf ? 0.0f : std::exp2(m[r] - m_new);
+      l[r] = l[r] * corr[r] + ExpShiftedRow</*kBase2=*/true>(s_r, nj, m_new, s_r);
+      m[r] = m_new;
+      any = true;
+    }
+    if (!any) continue;
+    // acc[r] = corr[r] acc[r] + sum_j P[r][j] V[j], column block by block.
+    const auto rest = [&](auto dc, size_t c) {  // one vector (or lane) of columns
+      auto o0 = hn::Zero(dc), o1 = hn::Zero(dc), o2 = hn::Zero(dc), o3 = hn::Zero(dc);
+      const T* HWY_RESTRICT v_c = v_tile + c;
+      for (size_t jj = 0; jj < nj; ++jj, v_c += ldv) {
+        const auto x = LoadF32(dc, v_c);
+        o0 = hn::MulAdd(hn::Set(dc, s_rows[jj]), x, o0);
+        o1 = hn::MulAdd(hn::Set(dc, s_rows[kDotKeyTile + jj]), x, o1);
+        o2 = hn::MulAdd(hn::Set(dc, s_rows[2 * kDotKeyTile + jj]), x, o2);
+        o3 = hn::MulAdd(hn::Set(dc, s_rows[3 * kDotKeyTile + jj]), x, o3);
+      }
+      const decltype(o0) o[R] = {o0, o1, o2, o3};
+      for (size_t r = 0; r < R; ++r) {
+        if (!use[r]) continue;
+        float* HWY_RESTRICT a_rc = acc + r * L + c;
+        hn::StoreU(hn::MulAdd(hn::LoadU(dc, a_rc), hn::Set(dc, corr[r]), o[r]), dc, a_rc);
+      }
+    };
+    size_t c = 0;
+    for (; c + 2 * N <= lv; c += 2 * N) {  // two vectors: 8 accumulators
+      auto o00 = hn::Zero(d), o01 = hn::Zero(d), o10 = hn::Zero(d), o11 = hn::Zero(d);
+      auto o20 = hn::Zero(d), o21 = hn::Zero(d), o30 = hn::Zero(d), o31 = hn::Zero(d);
+      const T* HWY_RESTRICT v_c = v_tile + c;
+      for (size_t jj = 0; jj < nj; ++jj, v_c += ldv) {
+        const auto x0 = LoadF32(d, v_c), x1 = LoadF32(d, v_c + N);
+        const auto p0 = hn::Set(d, s_rows[jj]), p1 = hn::Set(d, s_rows[kDotKeyTile + jj]);
+        const auto p2 = hn::Set(d, s_rows[2 * kDotKeyTile + jj]);
+        const auto p3 = hn::Set(d, s_rows[3 * kDotKeyTile + jj]);
+        o00 = hn::MulAdd(p0, x0, o00);
+        o01 = hn::MulAdd(p0, x1, o01);
+        o10 = hn::MulAdd(p1, x0, o10);
+        o11 = hn::MulAdd(p1, x1, o11);
+        o20 = hn::MulAdd(p2, x0, o20);
+        o21 = hn::MulAdd(p2, x1, o21);
+        o30 = hn::MulAdd(p3, x0, o30);
+        o31 = hn::MulAdd(p3, x1, o31);
+      }
+      const decltype(o00) o[R][2] = {{o00, o01}, {o10, o11}, {o20, o21}, {o30, o31}};
+      for (size_t r = 0; r < R; ++r) {
+        if (!use[r]) continue;
+        float* HWY_RESTRICT a_rc = acc + r * L + c;
+        const auto cr = hn::Set(d, corr[r]);
+        hn::StoreU(hn::MulAdd(hn::LoadU(d, a_rc), cr, o[r][0]), d, a_rc);
+        hn::StoreU(hn::MulAdd(hn::LoadU(d, a_rc + N), cr, o[r][1]), d, a_rc + N);
+      }
+    }
+    for (; c + N <= lv; c += N) rest(d, c);
+    const hn::CappedTag<float, 1> d1;
+    for (; c < L; ++c) rest(d1, c);
+  }
+}
+
+// FlashAttentionGroupByDot for K and V of their views' dtypes (a mixed pair
+// widened tile by tile, as RowByDot does).
+inline void GroupByDot(const AttnDims& a, const float* HWY_RESTRICT q_blk, size_t ldq,
+                       const KvRows& k_g, const KvRows& v_g, size_t visible, size_t key_begin,
+                       size_t key_end, float* HWY_RESTRICT acc, float* m, float* l, float* bad,
+                       float* HWY_RESTRICT s_rows) {
+  if (k_g.dtype == v_g.dtype) {
+    WithElementType(k_g.dtype, k_g.base, [&](const auto* k) {
+      using T = std::remove_cv_t<std::remove_pointer_t<decltype(k)>>;
+      const T* v = reinterpret_cast<const T*>(v_g.base);
+      FlashAttentionGroupByDot(a, q_blk, ldq, k, k_g.stride, v, v_g.stride, visible, key_begin,
+                               key_end, acc, m, l, bad, s_rows);
+    });
+    return;
+  }
+  const size_t L = a.head_dim, end = visible < key_end ? visible : key_end;
+  for (size_t j0 = key_begin; j0 < end; j0 += kDotKeyTile) {
+    const size_t nj = end - j0 < kDotKeyTile ? end - j0 : kDotKeyTile;
+    size_t ldk, ldv;
+    const float* HWY_RESTRICT k_tile = k_g.Tile(j0, nj, L, &ldk);
+    const float* HWY_RESTRICT v_tile = v_g.Tile(j0, nj, L, &ldv);
+    FlashAttentionGroupByDot(a, q_blk, ldq, k_tile, ldk, v_tile, ldv, nj, 0, nj, acc, m, l, bad,
+                             s_rows);
+  }
 }
 
 // Query rows [i0, i0 + rows) over keys [key_begin, key_end) when they are
@@ -320,6 +548,11 @@ inline void FlashAttentionRowsByKeys(const AttnDims& a, const float* HWY_RESTRIC
   for (size_t j0 = key_begin; j0 < keys_needed; j0 += kKeyTile) {
     const size_t nj = keys_needed - j0 < kKeyTile ? keys_needed - j0 : kKeyTile;
     const size_t cols = RoundUpToVectors(nj, N);  // whole vectors; K^T is zero past nj
+    if (j0 + nj < keys_needed) {
+      const size_t next = HWY_MIN(kKeyTile, keys_needed - j0 - nj);
+      k_g.PrefetchTile(j0 + nj, next, L);
+      v_g.PrefetchTile(j0 + nj, next, L);
+    }
     size_t ldk;
     const float* HWY_RESTRICT k_tile = k_g.Tile(j0, nj, L, &ldk);
     TransposeScaledPadded(k_tile, nj, L, ldk, scale2, f.k_t, ld, cols);
@@ -383,6 +616,24 @@ inline void FlashAttentionRows(const AttnDims& a, const AttnViews& views, size_t
   Fill(f.bad, cols, 0.0f);
 
   const size_t lanes = hn::Lanes(hn::ScalableTag<float>());
+  // Rows that all see the same keys (a grouped decode step) and are few:
+  // kGroupRows at a time on dot products, K and V read once per group, the
+  // rest (up to 3) one at a time.
+  if (rows > kDotRows && rows <= 4 * kGroupRows &&
+      a.visible_keys(i0) == a.visible_keys(i1 - 1)) {
+    const size_t visible = a.visible_keys(i0);
+    size_t r = 0;
+    for (; r + kGroupRows <= rows; r += kGroupRows) {
+      GroupByDot(a, q_blk + r * ldq, ldq, k_g, v_g, visible, key_begin, key_end,
+                 f.acc + r * L, f.m + r, f.l + r, f.bad + r, f.s_t);
+    }
+    for (; r < rows; ++r) {
+      RowByDot(a, q_blk + r * ldq, k_g, v_g, visible, key_begin, key_end, f.acc + r * L,
+               f.m + r, f.l + r, f.bad + r, f.s_row);
+    }
+    FinishRows(rows, L, f.acc, f.m, f.l, f.bad, o_blk, partial);
+    return;
+  }
   // Keys in the lanes where a block of query lanes would be half padding;
   // below 4 rows the K^T packing costs more than the dot products it saves.
   if (rows > kDotRows && 2 * rows <= lanes) {
@@ -413,6 +664,11 @@ inline void FlashAttentionRows(const AttnDims& a, const AttnViews& views, size_t
   size_t keys[kQueryBlock];
   for (size_t j0 = key_begin; j0 < keys_needed; j0 += kKeyTile) {
     const size_t nj = keys_needed - j0 < kKeyTile ? keys_needed - j0 : kKeyTile;
+    if (j0 + nj < keys_needed) {
+      const size_t next = HWY_MIN(kKeyTile, keys_needed - j0 - nj);
+      k_g.PrefetchTile(j0 + nj, next, L);
+      v_g.PrefetchTile(j0 + nj, next, L);
+    }
     // S^T[j][r] = K[j0 + j] . (scale log2(e) Q[i0 + r])
     size_t ldk;
     const float* HWY_RESTRICT k_tile = k_g.Tile(j0, nj, L, &ldk);

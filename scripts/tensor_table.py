@@ -2,7 +2,7 @@
 """The tensor issue's goals from one run of headsum_tensor_bench.
 
     build/bench/headsum_tensor_bench --benchmark_format=json > t.json
-    python3 scripts/tensor_table.py t.json
+    python3 scripts/tensor_table.py [--clock cpu|wall] t.json
 
 Reads the _median rows and prints, per thread count, every ratio the goals
 name: 16-bit over f32 K/V decode (and the share of the read probe's
@@ -27,9 +27,12 @@ def load(path):
     return data.get("context", {}), rows
 
 
+CLOCK = "real_time"
+
+
 def t(rows, name):
     b = rows.get(name)
-    return None if b is None else b["real_time"]
+    return None if b is None else b[CLOCK]
 
 
 def gbs(rows, name):
@@ -42,10 +45,18 @@ def fmt(x, spec="{:.2f}"):
 
 
 def main():
-    if len(sys.argv) != 2:
+    global CLOCK
+    args = sys.argv[1:]
+    if "--clock" in args:
+        i = args.index("--clock")
+        CLOCK = {"cpu": "cpu_time", "wall": "real_time"}[args[i + 1]]
+        del args[i:i + 2]
+    if len(args) != 1:
         print(__doc__)
         sys.exit(2)
-    ctx, rows = load(sys.argv[1])
+    ctx, rows = load(args[0])
+    print(f"times: {CLOCK} (--clock cpu: the main thread's CPU time, for 1-thread rows "
+          f"on a loaded machine)")
     print(f"host {ctx.get('host_name', '?')}, {ctx.get('num_cpus', '?')} cpus, "
           f"{ctx.get('date', '')}")
     for th in (1, 2):

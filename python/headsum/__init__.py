@@ -1,0 +1,52 @@
+"""headsum: SIMD multi-head attention kernels for CPUs, from Python.
+
+Multi-head attention read as an addition machine: the output projection is
+a sum over heads, Y = sum_h O_h @ Wo[h] + b, so each head's contribution can
+be gated, measured and attributed without materializing [B][S][H][D].
+
+    import numpy as np, headsum
+    o = headsum.attention(q, k, v, causal=True)     # q [B][H][S][L], k/v [B][Hkv][S][L]
+    y = headsum.project_heads_sum(o, wo)            # wo [H*L][D] -> y [B][S][D]
+    a = headsum.head_attribution(o, wo, direction)  # [B][S][H]: who writes along it
+    y_ablated = headsum.project_heads_sum(o, wo, gates=gates)
+    mha = headsum.MHA(wq, wk, wv, wo, heads=8, rope_theta=10000.0)  # the whole layer
+    cache = mha.new_cache(batch=1, capacity=4096)
+    y = mha(x, cache)                               # x, y [B][S][Dm]
+
+Arrays are NumPy float32/float16 arrays or DLPack tensors (PyTorch float32,
+float16, bfloat16) on the CPU, read in place; see each function's docstring.
+ValueError: a bad argument; RuntimeError: the build or CPU cannot serve the
+call; MemoryError: out of memory.  The GIL is released while kernels run.
+"""
+
+from ._headsum import (
+    MHA,
+    AttributionBasis,
+    KVCache,
+    __version__,
+    active_target,
+    attention,
+    compiled_targets,
+    head_attribution,
+    head_contribution_norms,
+    head_contributions,
+    project_heads_sum,
+    set_num_threads,
+    set_target,
+)
+
+__all__ = [
+    "MHA",
+    "AttributionBasis",
+    "KVCache",
+    "__version__",
+    "active_target",
+    "attention",
+    "compiled_targets",
+    "head_attribution",
+    "head_contribution_norms",
+    "head_contributions",
+    "project_heads_sum",
+    "set_num_threads",
+    "set_target",
+]

@@ -1,0 +1,118 @@
+"""Type stubs for headsum's compiled core (re-exported by `headsum`).
+
+Array arguments are NumPy arrays (float32, float16) or DLPack tensors
+(e.g. torch float32/float16/bfloat16) on the CPU.  Results are NumPy arrays,
+or torch tensors when the call's first array is a torch tensor.
+"""
+
+from typing import Any, Optional, Tuple
+
+
+# A NumPy array or any object with __dlpack__ (torch.Tensor, ...).
+ArrayLike = Any
+
+__version__: str
+
+def attention(
+    q: ArrayLike,
+    k: ArrayLike,
+    v: ArrayLike,
+    *,
+    causal: bool = False,
+    scale: Optional[float] = None,
+    out: Optional[ArrayLike] = None,
+) -> ArrayLike:
+    """O [B][H][Sq][L] = softmax(scale Q K^T + mask) V; q [B][H][Sq][L],
+    k and v [B][Hkv][Skv][L] (Hkv divides H).  scale None: 1/sqrt(L)."""
+
+def project_heads_sum(
+    o: ArrayLike,
+    wo: ArrayLike,
+    bias: Optional[ArrayLike] = None,
+    gates: Optional[ArrayLike] = None,
+    *,
+    out: Optional[ArrayLike] = None,
+) -> ArrayLike:
+    """Y [B][S][D] = sum_h gates[h] O_h Wo[h] + bias; o [B][H][S][L],
+    wo [H*L][D], bias [D], gates [H]."""
+
+def head_contributions(
+    o: ArrayLike, wo: ArrayLike, *, out: Optional[ArrayLike] = None
+) -> ArrayLike:
+    """C [B][S][H][D] = O_h Wo[h] (float32)."""
+
+def head_attribution(
+    o: ArrayLike, wo: ArrayLike, directions: ArrayLike, *, out: Optional[ArrayLike] = None
+) -> ArrayLike:
+    """A [B][S][H][R] = (O_h Wo[h]) . directions[r] (float32); directions
+    [R][D], or [D] for a [B][S][H] result."""
+
+def head_contribution_norms(
+    o: ArrayLike, wo: ArrayLike, *, out: Optional[ArrayLike] = None
+) -> ArrayLike:
+    """N [B][S][H] = ||O_h Wo[h]||_2 (float32)."""
+
+class AttributionBasis:
+    """head_attribution with Wo[h] directions[r] computed once."""
+
+    heads: int
+    head_dim: int
+    model_dim: int
+    n_directions: int
+    def __init__(self, wo: ArrayLike, directions: ArrayLike, heads: int) -> None: ...
+    def __call__(self, o: ArrayLike, *, out: Optional[ArrayLike] = None) -> ArrayLike:
+        """A [B][S][H][R] (or [B][S][H]) for o [B][H][S][L]."""
+
+class KVCache:
+    """A layer's KV cache (MHA.new_cache): K after RoPE and V of up to
+    `capacity` tokens for `batch` sequences."""
+
+    batch: int
+    capacity: int
+    @property
+    def length(self) -> int: ...
+    def __len__(self) -> int: ...
+    def reset(self) -> None: ...
+    def truncate(self, length: int) -> None: ...
+
+class MHA:
+    """The whole attention layer: x @ [Wq Wk Wv] (+ biases), RoPE, attention
+    (GQA), y = sum_h O_h Wo[h] + bo.  wq [Dm][H*L], wk/wv [Dm][Hkv*L],
+    wo [H*L][Dm]."""
+
+    model_dim: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    causal: bool
+    rope_theta: float
+    def __init__(
+        self,
+        wq: ArrayLike,
+        wk: ArrayLike,
+        wv: ArrayLike,
+        wo: ArrayLike,
+        heads: int = 8,
+        kv_heads: Optional[int] = None,
+        causal: bool = True,
+        rope_theta: float = 0.0,
+        bq: Optional[ArrayLike] = None,
+        bk: Optional[ArrayLike] = None,
+        bv: Optional[ArrayLike] = None,
+        bo: Optional[ArrayLike] = None,
+        weight_dtype: str = "float32",
+        cache_dtype: str = "float32",
+    ) -> None: ...
+    def __call__(
+        self, x: ArrayLike, cache: Optional[KVCache] = None, *, out: Optional[ArrayLike] = None
+    ) -> ArrayLike:
+        """y [B][S][Dm] (float32) for x [B][S][Dm]; with a cache, the tokens
+        follow those it holds and are appended."""
+    def new_cache(self, batch: int = 1, capacity: int = 4096) -> KVCache: ...
+
+def set_target(name: Optional[str] = None) -> None: ...
+def active_target() -> str: ...
+def compiled_targets() -> list[str]: ...
+def set_num_threads(n: int) -> None: ...
+def _copy_stats() -> Tuple[int, int]: ...
+def _fail_allocations_after(n: int) -> None: ...

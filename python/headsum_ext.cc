@@ -1,0 +1,1129 @@
+// headsum's Python binding (module headsum._headsum, re-exported by the
+// package headsum).  Arrays come in through nanobind's ndarray (NumPy's
+// buffer/DLPack export, or any DLPack producer such as PyTorch), are checked
+// here (device, dtype, dims, shapes: each message names the argument and the
+// shape it expects), and reach the C API without a copy where it can read
+// them as they are:
+//   * attention and project_heads_sum: the tensor API (headsum_tensor views:
+//     float32/float16/bfloat16, any non-negative strides, last dim
+//     contiguous);
+//   * the per-head calls, gates and bias, which the C API takes as
+//     contiguous float32 only: float32 C-contiguous arrays as they are.
+// Anything else (a last dim that is not contiguous, negative strides, a
+// 16-bit array for a float32-only call) is staged once into a contiguous
+// float32 buffer, and a result that cannot be written in place is written
+// to its out= array afterwards (16-bit: rounded to nearest even once).
+// _copy_stats() counts these stagings, so tests can prove that a call made
+// none.  Every kernel call, staging included, runs with the GIL released.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dispatch/test_hooks.h"  // FailAllocationsAfter: the tests' MemoryError
+#include "headsum/headsum.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace {
+
+// ---------------------------------------------------------------------------
+// Errors
+
+[[noreturn]] void Raise(PyObject* type, const std::string& message) {
+  PyErr_SetString(type, message.c_str());
+  throw nb::python_error();
+}
+
+[[noreturn]] void Invalid(const std::string& message) { Raise(PyExc_ValueError, message); }
+
+// Maps a failed C call to its Python exception with headsum_last_error()
+// (thread-local: read on the thread that made the call).
+void Check(headsum_status status) {
+  if (status == HEADSUM_OK) return;
+  std::string message = headsum_last_error();
+  switch (status) {
+    case HEADSUM_ERR_INVALID_ARGUMENT:
+      Raise(PyExc_ValueError, message);
+    case HEADSUM_ERR_UNSUPPORTED:
+      Raise(PyExc_RuntimeError, message);
+    case HEADSUM_ERR_OUT_OF_MEMORY:
+      Raise(PyExc_MemoryError, message);
+    default:
+      Raise(PyExc_RuntimeError, message.empty() ? "headsum: internal error" : message);
+  }
+}
+
+std::atomic<int64_t> g_copies{0};
+std::atomic<int64_t> g_copied_bytes{0};
+
+// ---------------------------------------------------------------------------
+// 16-bit floats, converted bit-exactly (no dependence on compiler flags).
+
+uint32_t Bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+float FromBits(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+float HalfToFloat(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1fu;
+  const uint32_t mant = h & 0x3ffu;
+  if (exp == 0) {  // zero or subnormal: mant * 2^-24, exact in float
+    const float magnitude = static_cast<float>(mant) * 5.9604644775390625e-8f;
+    return FromBits(Bits(magnitude) | sign);
+  }
+  if (exp == 31) return FromBits(sign | 0x7f800000u | (mant << 13));  // inf, NaN
+  return FromBits(sign | ((exp + 112u) << 23) | (mant << 13));
+}
+
+// Round to nearest even; beyond f16's range gives inf; NaN stays NaN.
+uint16_t FloatToHalf(float f) {
+  const uint32_t x = Bits(f);
+  const uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000u);
+  uint32_t ax = x & 0x7fffffffu;
+  if (ax >= 0x7f800000u) {  // inf or NaN (quiet, top payload bits kept)
+    return ax == 0x7f800000u ? (sign | 0x7c00u)
+                             : static_cast<uint16_t>(sign | 0x7e00u | ((ax >> 13) & 0x1ffu));
+  }
+  if (ax >= 0x477ff000u) return sign | 0x7c00u;  // >= 65520 rounds to inf
+  if (ax < 0x38800000u) {  // below 2^-14: a subnormal half (or zero)
+    // f * 2^24 is exact and < 2^10; rint rounds to nearest even.
+    const float scaled = FromBits(ax) * 16777216.0f;
+    return static_cast<uint16_t>(sign | static_cast<uint16_t>(std::rint(scaled)));
+  }
+  ax += 0xfffu + ((ax >> 13) & 1u);  // round to nearest even at bit 13
+  return static_cast<uint16_t>(sign | ((ax - (112u << 23)) >> 13));
+}
+
+float BfloatToFloat(uint16_t b) { return FromBits(static_cast<uint32_t>(b) << 16); }
+
+uint16_t FloatToBfloat(float f) {
+  const uint32_t x = Bits(f);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);
+  return static_cast<uint16_t>((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+
+// ---------------------------------------------------------------------------
+// Arrays
+
+const char* DtypeName(headsum_dtype dtype) {
+  switch (dtype) {
+    case HEADSUM_F32:
+      return "float32";
+    case HEADSUM_F16:
+      return "float16";
+    case HEADSUM_BF16:
+      return "bfloat16";
+  }
+  return "?";
+}
+
+size_t ItemSize(headsum_dtype dtype) { return dtype == HEADSUM_F32 ? 4 : 2; }
+
+std::string DlpackDtypeName(nb::dlpack::dtype dt) {
+  const char* kind = "code?";
+  switch (static_cast<nb::dlpack::dtype_code>(dt.code)) {
+    case nb::dlpack::dtype_code::Int:
+      kind = "int";
+      break;
+    case nb::dlpack::dtype_code::UInt:
+      kind = "uint";
+      break;
+    case nb::dlpack::dtype_code::Float:
+      kind = "float";
+      break;
+    case nb::dlpack::dtype_code::Bfloat:
+      kind = "bfloat";
+      break;
+    case nb::dlpack::dtype_code::Complex:
+      kind = "complex";
+      break;
+    case nb::dlpack::dtype_code::Bool:
+      return "bool";
+    default:
+      break;
+  }
+  std::string name = kind + std::to_string(dt.bits);
+  if (dt.lanes != 1) name += "x" + std::to_string(dt.lanes);
+  return name;
+}
+
+std::string ShapeString(const int64_t* shape, int ndim) {
+  std::string s = "(";
+  for (int i = 0; i < ndim; ++i) {
+    if (i) s += ", ";
+    s += std::to_string(shape[i]);
+  }
+  if (ndim == 1) s += ",";
+  return s + ")";
+}
+
+// A checked array: its dtype, dims and element strides, and the reference
+// that keeps its memory alive.  Raw fields only are used with the GIL
+// released; `nd` is copied or dropped only while it is held.
+struct Array {
+  nb::ndarray<nb::ro> nd;
+  const char* name = "";
+  headsum_dtype dtype = HEADSUM_F32;
+  int ndim = 0;
+  int64_t shape[4] = {1, 1, 1, 1};
+  int64_t strides[4] = {0, 0, 0, 0};  // in elements; 0 where the extent is 1
+  char* data = nullptr;               // the element at index 0
+  bool torch = false;
+
+  bool present() const { return nd.is_valid(); }
+  size_t itemsize() const { return ItemSize(dtype); }
+  int64_t size() const {
+    int64_t n = 1;
+    for (int i = 0; i < ndim; ++i) n *= shape[i];
+    return n;
+  }
+  int64_t dim(int i) const { return shape[i]; }
+  std::string shape_str() const { return ShapeString(shape, ndim); }
+  bool aligned() const { return reinterpret_cast<uintptr_t>(data) % itemsize() == 0; }
+  bool c_contiguous() const {
+    int64_t expected = 1;
+    for (int i = ndim - 1; i >= 0; --i) {
+      if (shape[i] != 1 && strides[i] != expected) return false;
+      expected *= shape[i];
+    }
+    return aligned();
+  }
+  // What the tensor API reads as it is: last dim contiguous, strides >= 0.
+  bool viewable() const {
+    if (!aligned()) return false;
+    for (int i = 0; i < ndim; ++i) {
+      if (strides[i] < 0) return false;
+    }
+    return ndim == 0 || strides[ndim - 1] == 1 || shape[ndim - 1] == 1;
+  }
+  // Lowest and highest byte the array reaches.
+  void byte_range(uintptr_t* lo, uintptr_t* hi) const {
+    int64_t lo_off = 0, hi_off = 0;
+    for (int i = 0; i < ndim; ++i) {
+      const int64_t reach = strides[i] * (shape[i] - 1);
+      (reach < 0 ? lo_off : hi_off) += reach;
+    }
+    const auto base = reinterpret_cast<uintptr_t>(data);
+    *lo = base + lo_off * static_cast<int64_t>(itemsize());
+    *hi = base + hi_off * static_cast<int64_t>(itemsize()) + itemsize() - 1;
+  }
+};
+
+PyObject* TorchTensorType() {
+  static PyObject* tensor_type = nullptr;  // kept for the process' life
+  if (tensor_type) return tensor_type;
+  PyObject* torch = PyDict_GetItemString(PyImport_GetModuleDict(), "torch");
+  if (!torch) return nullptr;  // not imported: nothing can be a torch tensor
+  PyObject* type = PyObject_GetAttrString(torch, "Tensor");
+  if (!type) {
+    PyErr_Clear();
+    return nullptr;
+  }
+  tensor_type = type;
+  return tensor_type;
+}
+
+bool IsTorch(nb::handle h) {
+  PyObject* type = TorchTensorType();
+  if (!type) return false;
+  const int r = PyObject_IsInstance(h.ptr(), type);
+  if (r < 0) PyErr_Clear();
+  return r == 1;
+}
+
+[[noreturn]] void NotAnArray(nb::handle h, const char* name) {
+  std::string got = nb::type_name(h.type()).c_str();
+  if (nb::hasattr(h, "dtype")) {
+    got += " of dtype " + std::string(nb::str(h.attr("dtype")).c_str());
+  }
+  std::string message = std::string(name) +
+                        ": expected a NumPy array or a DLPack tensor (float32, float16 or "
+                        "bfloat16, on the CPU), got " +
+                        got;
+  Invalid(message);
+}
+
+PyObject* Cached(const char* module, const char* attr);
+
+// A torch tensor through torch.utils.dlpack.to_dlpack (one C call, ~0.5 us)
+// rather than Tensor.__dlpack__ (Python-level checks, ~4 us a tensor): the
+// binding's call overhead on torch tensors.  False (nothing raised) when
+// torch refuses; the caller then takes the generic path.
+bool TorchCapsule(nb::handle h, nb::ndarray<nb::ro>& nd) {
+  static PyObject* to_dlpack = Cached("torch.utils.dlpack", "to_dlpack");
+  PyObject* capsule = PyObject_CallOneArg(to_dlpack, h.ptr());
+  if (!capsule) {
+    PyErr_Clear();
+    return false;
+  }
+  return nb::try_cast(nb::steal(capsule), nd, false);
+}
+
+// Imports `h` as an array of min_ndim..max_ndim dims; `layout` names the
+// expected dims in messages ("[B][H][Sq][L]").
+Array Import(nb::handle h, const char* name, int min_ndim, int max_ndim, const char* layout,
+             bool writable = false) {
+  Array a;
+  a.name = name;
+  a.torch = IsTorch(h);
+  if (a.torch && TorchCapsule(h, a.nd)) {
+    // Imported (torch tensors are writeable).
+  } else if (writable) {
+    nb::ndarray<> w;
+    if (!nb::try_cast(h, w, false)) {
+      nb::ndarray<nb::ro> r;
+      if (nb::try_cast(h, r, false)) {
+        Invalid(std::string(name) + ": the array is read-only; a result needs a writeable array");
+      }
+      NotAnArray(h, name);
+    }
+    a.nd = nb::ndarray<nb::ro>(w);
+  } else if (!nb::try_cast(h, a.nd, false)) {
+    NotAnArray(h, name);
+  }
+  if (a.nd.device_type() != nb::device::cpu::value) {
+    Invalid(std::string(name) + ": the array is on device type " +
+            std::to_string(a.nd.device_type()) + "; headsum runs on the CPU");
+  }
+  const nb::dlpack::dtype dt = a.nd.dtype();
+  const bool one_lane = dt.lanes == 1;
+  if (one_lane && dt.code == static_cast<uint8_t>(nb::dlpack::dtype_code::Float) && dt.bits == 32) {
+    a.dtype = HEADSUM_F32;
+  } else if (one_lane && dt.code == static_cast<uint8_t>(nb::dlpack::dtype_code::Float) &&
+             dt.bits == 16) {
+    a.dtype = HEADSUM_F16;
+  } else if (one_lane && dt.code == static_cast<uint8_t>(nb::dlpack::dtype_code::Bfloat) &&
+             dt.bits == 16) {
+    a.dtype = HEADSUM_BF16;
+  } else {
+    Invalid(std::string(name) + ": dtype " + DlpackDtypeName(dt) +
+            " is not supported; expected float32, float16 or bfloat16");
+  }
+  const int ndim = static_cast<int>(a.nd.ndim());
+  if (ndim < min_ndim || ndim > max_ndim) {
+    std::string dims = min_ndim == max_ndim
+                           ? std::to_string(min_ndim)
+                           : std::to_string(min_ndim) + " or " + std::to_string(max_ndim);
+    Invalid(std::string(name) + ": expected " + dims + " dims " + layout + ", got " +
+            std::to_string(ndim) + " dims with shape " +
+            ShapeString(a.nd.shape_ptr(), ndim));
+  }
+  a.ndim = ndim;
+  for (int i = 0; i < ndim; ++i) {
+    a.shape[i] = a.nd.shape_ptr()[i];
+    a.strides[i] = a.shape[i] == 1 ? 0 : a.nd.stride_ptr()[i];
+  }
+  a.data = static_cast<char*>(const_cast<void*>(static_cast<const void*>(a.nd.data())));
+  return a;
+}
+
+std::optional<Array> ImportOptional(nb::handle h, const char* name, int min_ndim, int max_ndim,
+                                    const char* layout) {
+  if (h.is_none()) return std::nullopt;
+  return Import(h, name, min_ndim, max_ndim, layout);
+}
+
+// out= must not alias itself (two indices on one element) or any input.
+void CheckOutput(const Array& out, std::initializer_list<const Array*> inputs) {
+  // Dims by increasing stride; each must step past everything the smaller
+  // ones reach (sufficient for no self-overlap; layouts that interleave
+  // dims are refused too).
+  std::vector<std::pair<int64_t, int64_t>> dims;  // (|stride|, extent)
+  for (int i = 0; i < out.ndim; ++i) {
+    if (out.shape[i] > 1) dims.emplace_back(std::llabs(out.strides[i]), out.shape[i]);
+  }
+  std::sort(dims.begin(), dims.end());
+  int64_t reach = 1;
+  for (const auto& [stride, extent] : dims) {
+    if (stride < reach) {
+      Invalid(std::string(out.name) +
+              ": two indices of the array reach the same element (strides in elements " +
+              ShapeString(out.strides, out.ndim) + ", shape " + out.shape_str() + ")");
+    }
+    reach = stride * (extent - 1) + reach;
+  }
+  if (out.size() == 0) return;
+  uintptr_t out_lo, out_hi;
+  out.byte_range(&out_lo, &out_hi);
+  for (const Array* in : inputs) {
+    if (!in || !in->present() || in->size() == 0) continue;
+    uintptr_t lo, hi;
+    in->byte_range(&lo, &hi);
+    if (lo <= out_hi && out_lo <= hi) {
+      Invalid(std::string(out.name) + ": its memory overlaps " + in->name +
+              "'s; write the result to a separate array");
+    }
+  }
+}
+
+float Load(const char* p, headsum_dtype dtype) {
+  if (dtype == HEADSUM_F32) {
+    float f;
+    std::memcpy(&f, p, 4);
+    return f;
+  }
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return dtype == HEADSUM_F16 ? HalfToFloat(h) : BfloatToFloat(h);
+}
+
+void Store(char* p, headsum_dtype dtype, float f) {
+  if (dtype == HEADSUM_F32) {
+    std::memcpy(p, &f, 4);
+    return;
+  }
+  const uint16_t h = dtype == HEADSUM_F16 ? FloatToHalf(f) : FloatToBfloat(f);
+  std::memcpy(p, &h, 2);
+}
+
+// Visits every row (last dim) of `a` in row-major order: f(row pointer,
+// row index).
+template <class F>
+void ForEachRow(const Array& a, const F& f) {
+  int64_t n[4] = {1, 1, 1, 1}, s[4] = {0, 0, 0, 0};
+  const int pad = 4 - a.ndim;
+  for (int i = 0; i < a.ndim; ++i) {
+    n[pad + i] = a.shape[i];
+    s[pad + i] = a.strides[i];
+  }
+  const int64_t item = static_cast<int64_t>(a.itemsize());
+  int64_t row = 0;
+  for (int64_t i0 = 0; i0 < n[0]; ++i0) {
+    for (int64_t i1 = 0; i1 < n[1]; ++i1) {
+      for (int64_t i2 = 0; i2 < n[2]; ++i2, ++row) {
+        f(a.data + (i0 * s[0] + i1 * s[1] + i2 * s[2]) * item, row);
+      }
+    }
+  }
+}
+
+// `a` as contiguous float32: its own memory when it is that already, else
+// one converted copy in `buffer`.  Runs without the GIL.
+const float* StageF32(const Array& a, std::vector<float>& buffer) {
+  if (a.dtype == HEADSUM_F32 && a.c_contiguous()) return reinterpret_cast<const float*>(a.data);
+  const int64_t cols = a.ndim ? a.shape[a.ndim - 1] : 1;
+  const int64_t step = (a.ndim ? a.strides[a.ndim - 1] : 0) * static_cast<int64_t>(a.itemsize());
+  buffer.resize(static_cast<size_t>(a.size()));
+  float* dst = buffer.data();
+  ForEachRow(a, [&](const char* src, int64_t row) {
+    float* out = dst + row * cols;
+    for (int64_t c = 0; c < cols; ++c) out[c] = Load(src + c * step, a.dtype);
+  });
+  g_copies.fetch_add(1, std::memory_order_relaxed);
+  g_copied_bytes.fetch_add(a.size() * 4, std::memory_order_relaxed);
+  return dst;
+}
+
+// Where a float32 result for `out` is written: `out` itself when it is
+// contiguous float32, else `buffer` (then Unstage writes it to `out`).
+float* OutputF32(const Array& out, std::vector<float>& buffer) {
+  if (out.dtype == HEADSUM_F32 && out.c_contiguous()) return reinterpret_cast<float*>(out.data);
+  buffer.resize(static_cast<size_t>(out.size()));
+  g_copies.fetch_add(1, std::memory_order_relaxed);
+  g_copied_bytes.fetch_add(out.size() * 4, std::memory_order_relaxed);
+  return buffer.data();
+}
+
+void Unstage(const float* result, const Array& out) {
+  if (result == reinterpret_cast<const float*>(out.data)) return;
+  const int64_t cols = out.ndim ? out.shape[out.ndim - 1] : 1;
+  const int64_t step =
+      (out.ndim ? out.strides[out.ndim - 1] : 0) * static_cast<int64_t>(out.itemsize());
+  ForEachRow(out, [&](const char* dst, int64_t row) {
+    const float* src = result + row * cols;
+    for (int64_t c = 0; c < cols; ++c) {
+      Store(const_cast<char*>(dst) + c * step, out.dtype, src[c]);
+    }
+  });
+}
+
+// ---------------------------------------------------------------------------
+// Results: new NumPy arrays (or torch tensors for torch inputs), or out=.
+
+PyObject* Cached(const char* module, const char* attr) {
+  PyObject* m = PyImport_ImportModule(module);
+  if (!m) throw nb::python_error();
+  PyObject* a = PyObject_GetAttrString(m, attr);
+  Py_DECREF(m);
+  if (!a) throw nb::python_error();
+  return a;  // a new reference, kept for the process' life
+}
+
+nb::object NewArray(bool torch, headsum_dtype dtype, const std::vector<int64_t>& shape) {
+  nb::tuple dims = nb::steal<nb::tuple>(PyTuple_New(static_cast<Py_ssize_t>(shape.size())));
+  for (size_t i = 0; i < shape.size(); ++i) {
+    PyTuple_SET_ITEM(dims.ptr(), i, PyLong_FromLongLong(shape[i]));
+  }
+  if (torch) {
+    static PyObject* empty = Cached("torch", "empty");
+    static PyObject* f32 = Cached("torch", "float32");
+    static PyObject* f16 = Cached("torch", "float16");
+    static PyObject* bf16 = Cached("torch", "bfloat16");
+    PyObject* dt = dtype == HEADSUM_F32 ? f32 : dtype == HEADSUM_F16 ? f16 : bf16;
+    return nb::handle(empty)(dims, "dtype"_a = nb::handle(dt));
+  }
+  static PyObject* empty = Cached("numpy", "empty");
+  static PyObject* f32 = Cached("numpy", "float32");
+  static PyObject* f16 = Cached("numpy", "float16");
+  // NumPy has no bfloat16: such results are float32.
+  PyObject* dt = dtype == HEADSUM_F16 ? f16 : f32;
+  return nb::handle(empty)(dims, nb::handle(dt));
+}
+
+struct Output {
+  nb::object object;  // what the call returns
+  Array array;
+};
+
+// out= checked against `shape`, or a new array of `shape` and `dtype` in
+// the framework of the call's first array.
+Output MakeOutput(nb::handle out, const Array& like, headsum_dtype dtype,
+                  const std::vector<int64_t>& shape, const char* layout,
+                  std::initializer_list<const Array*> inputs) {
+  Output o;
+  const int ndim = static_cast<int>(shape.size());
+  if (out.is_none()) {
+    o.object = NewArray(like.torch, dtype, shape);
+    o.array = Import(o.object, "out", ndim, ndim, layout, true);
+    return o;
+  }
+  o.array = Import(out, "out", ndim, ndim, layout, true);
+  if (!std::equal(shape.begin(), shape.end(), o.array.shape)) {
+    Invalid(std::string("out: expected shape ") + layout + " = " +
+            ShapeString(shape.data(), ndim) + ", got " + o.array.shape_str());
+  }
+  CheckOutput(o.array, inputs);
+  o.object = nb::borrow(out);
+  return o;
+}
+
+headsum_dtype ResultDtype(const Array& like) {
+  return like.dtype == HEADSUM_BF16 && !like.torch ? HEADSUM_F32 : like.dtype;
+}
+
+headsum_tensor View(const Array& a, int64_t s0, int64_t s1, int64_t s2) {
+  headsum_tensor t;
+  t.data = a.data;
+  t.dtype = a.dtype;
+  t.strides[0] = s0;
+  t.strides[1] = s1;
+  t.strides[2] = s2;
+  return t;
+}
+headsum_tensor View4(const Array& a) { return View(a, a.strides[0], a.strides[1], a.strides[2]); }
+
+std::string Dim(const char* name, int64_t value) { return std::string(name) + "=" + std::to_string(value); }
+
+// ---------------------------------------------------------------------------
+// attention
+
+nb::object Attention(nb::handle q_, nb::handle k_, nb::handle v_, bool causal,
+                     std::optional<double> scale, nb::handle out_) {
+  const Array q = Import(q_, "q", 4, 4, "[B][H][Sq][L]");
+  const Array k = Import(k_, "k", 4, 4, "[B][Hkv][Skv][L]");
+  const Array v = Import(v_, "v", 4, 4, "[B][Hkv][Skv][L]");
+  const int64_t B = q.dim(0), H = q.dim(1), Sq = q.dim(2), L = q.dim(3);
+  const int64_t Hkv = k.dim(1), Skv = k.dim(2);
+  if (k.dim(0) != B || k.dim(3) != L || Hkv < 1 || H % Hkv != 0) {
+    Invalid("k: expected shape [" + Dim("B", B) + "][Hkv][Skv][" + Dim("L", L) +
+            "] with Hkv dividing " + Dim("H", H) + ", got " + k.shape_str());
+  }
+  if (!std::equal(k.shape, k.shape + 4, v.shape)) {
+    Invalid("v: expected the shape of k, " + k.shape_str() + ", got " + v.shape_str());
+  }
+  float scale_f = 0.0f;  // 0: 1/sqrt(L)
+  if (scale) {
+    if (*scale == 0.0) Invalid("scale: must not be 0 (None means 1/sqrt(L))");
+    scale_f = static_cast<float>(*scale);  // not finite: the C API says so
+  }
+  const Output out = MakeOutput(out_, q, ResultDtype(q), {B, H, Sq, L}, "[B][H][Sq][L]",
+                                {&q, &k, &v});
+  const Array& o = out.array;
+  headsum_attn_shape shape{B, H, Hkv, Sq, Skv, L, scale_f, causal ? 1 : 0};
+  headsum_status status;
+  if (q.viewable() && k.viewable() && v.viewable() && o.viewable()) {
+    const headsum_tensor tq = View4(q), tk = View4(k), tv = View4(v), to = View4(o);
+    nb::gil_scoped_release release;
+    status = headsum_attention_tensors(&shape, &tq, &tk, &tv, &to);
+  } else {
+    nb::gil_scoped_release release;
+    std::vector<float> qb, kb, vb, ob;
+    const float* qp = StageF32(q, qb);
+    const float* kp = StageF32(k, kb);
+    const float* vp = StageF32(v, vb);
+    float* op = OutputF32(o, ob);
+    status = headsum_attention(&shape, qp, kp, vp, op);
+    if (status == HEADSUM_OK) Unstage(op, o);
+  }
+  Check(status);
+  return out.object;
+}
+
+// ---------------------------------------------------------------------------
+// The projection and the per-head calls
+
+struct Proj {
+  Array o, wo;
+  headsum_proj_shape shape;
+};
+
+Proj ImportProj(nb::handle o_, nb::handle wo_) {
+  Proj p;
+  p.o = Import(o_, "o", 4, 4, "[B][H][S][L]");
+  p.wo = Import(wo_, "wo", 2, 2, "[H*L][D]");
+  const int64_t B = p.o.dim(0), H = p.o.dim(1), S = p.o.dim(2), L = p.o.dim(3);
+  if (p.wo.dim(0) != H * L) {
+    Invalid("wo: expected shape [H*L=" + std::to_string(H * L) + "][D] (" + Dim("H", H) + ", " +
+            Dim("L", L) + " from o), got " + p.wo.shape_str());
+  }
+  p.shape = headsum_proj_shape{B, S, H, L, p.wo.dim(1)};
+  return p;
+}
+
+std::optional<Array> ImportVector(nb::handle h, const char* name, const char* layout,
+                                  int64_t n) {
+  std::optional<Array> a = ImportOptional(h, name, 1, 1, layout);
+  if (a && a->dim(0) != n) {
+    Invalid(std::string(name) + ": expected shape " + layout + " = (" + std::to_string(n) +
+            ",), got " + a->shape_str());
+  }
+  return a;
+}
+
+nb::object ProjectHeadsSum(nb::handle o_, nb::handle wo_, nb::handle bias_, nb::handle gates_,
+                           nb::handle out_) {
+  const Proj p = ImportProj(o_, wo_);
+  const headsum_proj_shape& s = p.shape;
+  const std::string d_layout = "[D=" + std::to_string(s.model_dim) + "]";
+  const std::string h_layout = "[H=" + std::to_string(s.heads) + "]";
+  const std::optional<Array> bias = ImportVector(bias_, "bias", d_layout.c_str(), s.model_dim);
+  const std::optional<Array> gates = ImportVector(gates_, "gates", h_layout.c_str(), s.heads);
+  const Output out =
+      MakeOutput(out_, p.o, ResultDtype(p.o), {s.batch, s.seq, s.model_dim}, "[B][S][D]",
+                 {&p.o, &p.wo, bias ? &*bias : nullptr, gates ? &*gates : nullptr});
+  const Array& y = out.array;
+  headsum_status status;
+  if (!gates && p.o.viewable() && p.wo.viewable() && y.viewable()) {
+    const headsum_tensor th = View4(p.o), tw = View(p.wo, 0, 0, p.wo.strides[0]),
+                         ty = View(y, y.strides[0], 0, y.strides[1]);
+    nb::gil_scoped_release release;
+    std::vector<float> bb;
+    const float* bp = bias ? StageF32(*bias, bb) : nullptr;
+    status = headsum_project_heads_sum_tensors(&s, &th, &tw, bp, &ty);
+  } else {
+    nb::gil_scoped_release release;
+    std::vector<float> ob, wb, bb, gb, yb;
+    const float* op = StageF32(p.o, ob);
+    const float* wp = StageF32(p.wo, wb);
+    const float* bp = bias ? StageF32(*bias, bb) : nullptr;
+    const float* gp = gates ? StageF32(*gates, gb) : nullptr;
+    float* yp = OutputF32(y, yb);
+    status = headsum_project_heads_sum_ex(&s, op, wp, bp, gp, yp, nullptr);
+    if (status == HEADSUM_OK) Unstage(yp, y);
+  }
+  Check(status);
+  return out.object;
+}
+
+nb::object HeadContributions(nb::handle o_, nb::handle wo_, nb::handle out_) {
+  const Proj p = ImportProj(o_, wo_);
+  const headsum_proj_shape& s = p.shape;
+  const Output out = MakeOutput(out_, p.o, HEADSUM_F32, {s.batch, s.seq, s.heads, s.model_dim},
+                                "[B][S][H][D]", {&p.o, &p.wo});
+  headsum_status status;
+  {
+    nb::gil_scoped_release release;
+    std::vector<float> ob, wb, cb;
+    const float* op = StageF32(p.o, ob);
+    const float* wp = StageF32(p.wo, wb);
+    float* cp = OutputF32(out.array, cb);
+    status = headsum_project_heads_sum_ex(&s, op, wp, nullptr, nullptr, nullptr, cp);
+    if (status == HEADSUM_OK) Unstage(cp, out.array);
+  }
+  Check(status);
+  return out.object;
+}
+
+nb::object HeadContributionNorms(nb::handle o_, nb::handle wo_, nb::handle out_) {
+  const Proj p = ImportProj(o_, wo_);
+  const headsum_proj_shape& s = p.shape;
+  const Output out = MakeOutput(out_, p.o, HEADSUM_F32, {s.batch, s.seq, s.heads}, "[B][S][H]",
+                                {&p.o, &p.wo});
+  headsum_status status;
+  {
+    nb::gil_scoped_release release;
+    std::vector<float> ob, wb, nb_;
+    const float* op = StageF32(p.o, ob);
+    const float* wp = StageF32(p.wo, wb);
+    float* np_ = OutputF32(out.array, nb_);
+    status = headsum_head_contribution_norms(&s, op, wp, np_);
+    if (status == HEADSUM_OK) Unstage(np_, out.array);
+  }
+  Check(status);
+  return out.object;
+}
+
+// directions [R][D] or one direction [D] (then the result has no R dim).
+Array ImportDirections(nb::handle h, int64_t model_dim) {
+  const std::string layout = "[R][D=" + std::to_string(model_dim) + "] or [D=" +
+                             std::to_string(model_dim) + "]";
+  Array d = Import(h, "directions", 1, 2, layout.c_str());
+  if (d.dim(d.ndim - 1) != model_dim) {
+    Invalid("directions: expected shape " + layout + " (D from wo), got " + d.shape_str());
+  }
+  return d;
+}
+
+std::vector<int64_t> AttributionShape(const headsum_proj_shape& s, const Array& directions) {
+  if (directions.ndim == 1) return {s.batch, s.seq, s.heads};
+  return {s.batch, s.seq, s.heads, directions.dim(0)};
+}
+
+nb::object HeadAttribution(nb::handle o_, nb::handle wo_, nb::handle directions_,
+                           nb::handle out_) {
+  const Proj p = ImportProj(o_, wo_);
+  const headsum_proj_shape& s = p.shape;
+  const Array d = ImportDirections(directions_, s.model_dim);
+  const int64_t R = d.ndim == 1 ? 1 : d.dim(0);
+  const Output out =
+      MakeOutput(out_, p.o, HEADSUM_F32, AttributionShape(s, d),
+                 d.ndim == 1 ? "[B][S][H]" : "[B][S][H][R]", {&p.o, &p.wo, &d});
+  headsum_status status;
+  {
+    nb::gil_scoped_release release;
+    std::vector<float> ob, wb, db, ab;
+    const float* op = StageF32(p.o, ob);
+    const float* wp = StageF32(p.wo, wb);
+    const float* dp = StageF32(d, db);
+    float* ap = OutputF32(out.array, ab);
+    status = headsum_head_attribution(&s, op, wp, dp, R, ap);
+    if (status == HEADSUM_OK) Unstage(ap, out.array);
+  }
+  Check(status);
+  return out.object;
+}
+
+// The reusable attribution basis (headsum_attribution_basis_create).
+class AttributionBasis {
+ public:
+  AttributionBasis(nb::handle wo_, nb::handle directions_, int64_t heads) {
+    const Array wo = Import(wo_, "wo", 2, 2, "[H*L][D]");
+    if (heads < 1 || wo.dim(0) % heads != 0) {
+      Invalid("heads: must be >= 1 and divide wo's " + std::to_string(wo.dim(0)) +
+              " rows (H*L), got " + std::to_string(heads));
+    }
+    const Array d = ImportDirections(directions_, wo.dim(1));
+    heads_ = heads;
+    head_dim_ = wo.dim(0) / heads;
+    model_dim_ = wo.dim(1);
+    n_directions_ = d.ndim == 1 ? 1 : d.dim(0);
+    single_ = d.ndim == 1;
+    const headsum_proj_shape shape{1, 1, heads_, head_dim_, model_dim_};
+    headsum_status status;
+    {
+      nb::gil_scoped_release release;
+      std::vector<float> wb, db;
+      const float* wp = StageF32(wo, wb);
+      const float* dp = StageF32(d, db);
+      status = headsum_attribution_basis_create(&shape, wp, dp, n_directions_, &basis_);
+    }
+    Check(status);
+  }
+  ~AttributionBasis() { headsum_attribution_basis_free(basis_); }
+  AttributionBasis(const AttributionBasis&) = delete;
+  AttributionBasis& operator=(const AttributionBasis&) = delete;
+
+  nb::object Call(nb::handle o_, nb::handle out_) const {
+    const Array o = Import(o_, "o", 4, 4, "[B][H][S][L]");
+    if (o.dim(1) != heads_ || o.dim(3) != head_dim_) {
+      Invalid("o: expected shape [B][" + Dim("H", heads_) + "][S][" + Dim("L", head_dim_) +
+              "] (the basis'), got " + o.shape_str());
+    }
+    const headsum_proj_shape s{o.dim(0), o.dim(2), heads_, head_dim_, model_dim_};
+    std::vector<int64_t> shape = {s.batch, s.seq, s.heads};
+    if (!single_) shape.push_back(n_directions_);
+    const Output out = MakeOutput(out_, o, HEADSUM_F32, shape,
+                                  single_ ? "[B][S][H]" : "[B][S][H][R]", {&o});
+    headsum_status status;
+    {
+      nb::gil_scoped_release release;
+      std::vector<float> ob, ab;
+      const float* op = StageF32(o, ob);
+      float* ap = OutputF32(out.array, ab);
+      status = headsum_head_attribution_basis(&s, op, basis_, ap);
+      if (status == HEADSUM_OK) Unstage(ap, out.array);
+    }
+    Check(status);
+    return out.object;
+  }
+
+  int64_t heads_ = 0, head_dim_ = 0, model_dim_ = 0, n_directions_ = 0;
+  bool single_ = false;
+  headsum_attribution_basis* basis_ = nullptr;
+};
+
+// ---------------------------------------------------------------------------
+// The whole layer (headsum_mha_*) and its KV cache
+
+headsum_dtype StorageDtype(const char* arg, const std::string& name) {
+  if (name == "float32") return HEADSUM_F32;
+  if (name == "float16") return HEADSUM_F16;
+  if (name == "bfloat16") return HEADSUM_BF16;
+  Invalid(std::string(arg) + ": expected \"float32\", \"float16\" or \"bfloat16\", got \"" +
+          name + "\"");
+}
+
+class KvCache {
+ public:
+  KvCache(headsum_kv_cache* cache, int64_t batch, int64_t capacity)
+      : cache_(cache), batch_(batch), capacity_(capacity) {}
+  ~KvCache() { headsum_kv_cache_free(cache_); }
+  KvCache(const KvCache&) = delete;
+  KvCache& operator=(const KvCache&) = delete;
+
+  int64_t Length() const { return headsum_kv_cache_length(cache_); }
+  void Reset() {
+    Claim claim(*this);
+    headsum_kv_cache_reset(cache_);
+  }
+  void Truncate(int64_t length) {
+    Claim claim(*this);
+    Check(headsum_kv_cache_truncate(cache_, length));
+  }
+
+  // A cache serves one call at a time (the GIL is released during calls).
+  struct Claim {
+    explicit Claim(KvCache& c) : cache(c) {
+      if (cache.busy_.exchange(true)) {
+        Raise(PyExc_RuntimeError, "cache: in use by another call (a cache serves one call at a time)");
+      }
+    }
+    ~Claim() { cache.busy_.store(false); }
+    KvCache& cache;
+  };
+
+  headsum_kv_cache* cache_;
+  int64_t batch_, capacity_;
+  std::atomic<bool> busy_{false};
+};
+
+class Layer {
+ public:
+  Layer(nb::handle wq_, nb::handle wk_, nb::handle wv_, nb::handle wo_, int64_t heads,
+        std::optional<int64_t> kv_heads, bool causal, double rope_theta, nb::handle bq_,
+        nb::handle bk_, nb::handle bv_, nb::handle bo_, const std::string& weight_dtype,
+        const std::string& cache_dtype) {
+    if (heads < 1) Invalid("heads: must be >= 1, got " + std::to_string(heads));
+    const Array wq = Import(wq_, "wq", 2, 2, "[Dm][H*L]");
+    if (wq.dim(1) % heads != 0) {
+      Invalid("wq: expected shape [Dm][H*L] with H=" + std::to_string(heads) +
+              " dividing its columns, got " + wq.shape_str());
+    }
+    const int64_t Dm = wq.dim(0), L = wq.dim(1) / heads;
+    const int64_t Hkv = kv_heads ? *kv_heads : heads;
+    if (Hkv < 1 || heads % Hkv != 0) {
+      Invalid("kv_heads: must divide heads=" + std::to_string(heads) + ", got " +
+              std::to_string(Hkv));
+    }
+    const std::string kv_cols = std::to_string(Hkv * L);
+    const std::string kv_layout = "[Dm=" + std::to_string(Dm) + "][Hkv*L=" + kv_cols + "]";
+    const Array wk = Import(wk_, "wk", 2, 2, kv_layout.c_str());
+    const Array wv = Import(wv_, "wv", 2, 2, kv_layout.c_str());
+    for (const Array* w : {&wk, &wv}) {
+      if (w->dim(0) != Dm || w->dim(1) != Hkv * L) {
+        Invalid(std::string(w->name) + ": expected shape " + kv_layout + ", got " + w->shape_str());
+      }
+    }
+    const std::string wo_layout =
+        "[H*L=" + std::to_string(heads * L) + "][Dm=" + std::to_string(Dm) + "]";
+    const Array wo = Import(wo_, "wo", 2, 2, wo_layout.c_str());
+    if (wo.dim(0) != heads * L || wo.dim(1) != Dm) {
+      Invalid("wo: expected shape " + wo_layout + ", got " + wo.shape_str());
+    }
+    const std::string q_len = "[H*L=" + std::to_string(heads * L) + "]";
+    const std::string kv_len = "[Hkv*L=" + kv_cols + "]";
+    const std::string d_len = "[Dm=" + std::to_string(Dm) + "]";
+    const std::optional<Array> bq = ImportVector(bq_, "bq", q_len.c_str(), heads * L);
+    const std::optional<Array> bk = ImportVector(bk_, "bk", kv_len.c_str(), Hkv * L);
+    const std::optional<Array> bv = ImportVector(bv_, "bv", kv_len.c_str(), Hkv * L);
+    const std::optional<Array> bo = ImportVector(bo_, "bo", d_len.c_str(), Dm);
+    config_ = headsum_mha_config{Dm,
+                                 heads,
+                                 Hkv,
+                                 L,
+                                 causal ? 1 : 0,
+                                 static_cast<float>(rope_theta),
+                                 StorageDtype("weight_dtype", weight_dtype),
+                                 StorageDtype("cache_dtype", cache_dtype)};
+    headsum_status status;
+    {
+      nb::gil_scoped_release release;
+      std::vector<float> b[8];
+      auto staged = [&](const std::optional<Array>& a, std::vector<float>& buf) {
+        return a ? StageF32(*a, buf) : nullptr;
+      };
+      status = headsum_mha_create(&config_, StageF32(wq, b[0]), StageF32(wk, b[1]),
+                                  StageF32(wv, b[2]), StageF32(wo, b[3]), staged(bq, b[4]),
+                                  staged(bk, b[5]), staged(bv, b[6]), staged(bo, b[7]), &mha_);
+    }
+    Check(status);
+  }
+  ~Layer() { headsum_mha_free(mha_); }
+  Layer(const Layer&) = delete;
+  Layer& operator=(const Layer&) = delete;
+
+  KvCache* NewCache(int64_t batch, int64_t capacity) {
+    headsum_kv_cache* cache = nullptr;
+    headsum_status status;
+    {
+      nb::gil_scoped_release release;
+      status = headsum_kv_cache_create(mha_, batch, capacity, &cache);
+    }
+    Check(status);
+    return new KvCache(cache, batch, capacity);
+  }
+
+  nb::object Forward(nb::handle x_, KvCache* cache, nb::handle out_) const {
+    const std::string layout = "[B][S][Dm=" + std::to_string(config_.model_dim) + "]";
+    const Array x = Import(x_, "x", 3, 3, layout.c_str());
+    if (x.dim(2) != config_.model_dim) {
+      Invalid("x: expected shape " + layout + ", got " + x.shape_str());
+    }
+    const int64_t B = x.dim(0), S = x.dim(1);
+    Output out;
+    const bool in_place = !out_.is_none() && out_.ptr() == x_.ptr();
+    if (in_place) {  // y may be x: the C API reads x before writing y
+      out.array = Import(out_, "out", 3, 3, layout.c_str(), true);
+      out.object = nb::borrow(out_);
+    } else {
+      out = MakeOutput(out_, x, HEADSUM_F32, {B, S, config_.model_dim}, "[B][S][Dm]", {&x});
+    }
+    std::optional<KvCache::Claim> claim;
+    if (cache) claim.emplace(*cache);
+    headsum_status status;
+    {
+      nb::gil_scoped_release release;
+      std::vector<float> xb, yb;
+      const float* xp = StageF32(x, xb);
+      float* yp = OutputF32(out.array, yb);
+      status = headsum_mha_forward(mha_, cache ? cache->cache_ : nullptr, B, S, xp, yp);
+      if (status == HEADSUM_OK) Unstage(yp, out.array);
+    }
+    Check(status);
+    return out.object;
+  }
+
+  headsum_mha_config config_;
+  headsum_mha* mha_ = nullptr;
+};
+
+// ---------------------------------------------------------------------------
+// Dispatch and threads
+
+void SetTarget(std::optional<std::string> name) {
+  Check(headsum_set_target(name ? name->c_str() : nullptr));
+}
+
+std::vector<std::string> CompiledTargets() {
+  const int n = headsum_compiled_targets(nullptr, 0);
+  std::vector<const char*> names(static_cast<size_t>(std::max(n, 0)));
+  const int got = headsum_compiled_targets(names.data(), n);
+  return std::vector<std::string>(names.begin(), names.begin() + std::min(n, got));
+}
+
+void SetNumThreads(int n) { Check(headsum_set_num_threads(n)); }
+
+}  // namespace
+
+NB_MODULE(_headsum, m) {
+  m.doc() = "headsum's compiled core; use the package `headsum`.";
+  m.attr("__version__") = headsum_version();
+
+  m.def("attention", &Attention, "q"_a.none(), "k"_a.none(), "v"_a.none(), nb::kw_only(), "causal"_a = false,
+        "scale"_a = nb::none(), "out"_a = nb::none(),
+        R"(attention(q, k, v, *, causal=False, scale=None, out=None) -> array
+
+O = softmax(scale * Q K^T + mask) V per head, without materializing the
+scores (flash-style online softmax).
+
+q    [B][H][Sq][L]      k, v  [B][Hkv][Skv][L]   (Hkv divides H: MHA, GQA, MQA)
+returns / out  [B][H][Sq][L]
+
+Arrays: NumPy float32/float16 or DLPack tensors (torch float32/float16/
+bfloat16) on the CPU, any strides; read in place (no copy) when each one's
+last dim is contiguous and its strides are non-negative, else staged once
+through a float32 copy.  The result has q's dtype (float32 for a bfloat16
+q that is not a torch tensor) and q's framework (a torch tensor for a torch
+q); out= may be any writeable float32/float16/bfloat16 array of that shape,
+written in place (a 16-bit result is the float32 one rounded once).
+causal: query i sees key j when j <= i + (Skv - Sq) (bottom-right aligned).
+scale: None means 1/sqrt(L).  The GIL is released while the kernel runs.
+Raises ValueError for bad arguments (the message names the argument and the
+expected shape), RuntimeError when the build or CPU cannot serve the call,
+MemoryError when memory runs out.)");
+
+  m.def("project_heads_sum", &ProjectHeadsSum, "o"_a.none(), "wo"_a.none(), "bias"_a = nb::none(),
+        "gates"_a = nb::none(), nb::kw_only(), "out"_a = nb::none(),
+        R"(project_heads_sum(o, wo, bias=None, gates=None, *, out=None) -> array
+
+Y[b][s][:] = sum_h gates[h] * O[b][h][s][:] @ Wo[h] + bias, reading O head
+by head (no concatenated copy); Wo[h] is rows h*L .. h*L+L-1 of wo.
+
+o [B][H][S][L]   wo [H*L][D]   bias [D] or None   gates [H] or None (all 1)
+returns / out  [B][S][D], o's dtype and framework (as attention).
+
+Without gates, o, wo and out are read/written in place in any dtype
+(float32/float16/bfloat16) with a contiguous last dim.  With gates the C
+API takes contiguous float32 only: o and wo that are not float32
+C-contiguous are converted once to a float32 copy.  bias and gates are
+float32 vectors (others are converted, a copy of D or H values).)");
+
+  m.def("head_contributions", &HeadContributions, "o"_a.none(), "wo"_a.none(), nb::kw_only(),
+        "out"_a = nb::none(),
+        R"(head_contributions(o, wo, *, out=None) -> float32 array
+
+C[b][s][h][:] = O[b][h][s][:] @ Wo[h], each head's own contribution to Y
+(ungated, no bias): the [B][S][H][D] tensor that TransformerLens-style tools
+materialize.  head_attribution and head_contribution_norms answer the usual
+questions about it without writing it.
+
+o [B][H][S][L]   wo [H*L][D]   returns / out [B][S][H][D] (float32)
+o and wo are read in place when float32 C-contiguous; otherwise (16-bit,
+strided) each is converted once to a contiguous float32 copy.)");
+
+  m.def("head_attribution", &HeadAttribution, "o"_a.none(), "wo"_a.none(), "directions"_a.none(), nb::kw_only(),
+        "out"_a = nb::none(),
+        R"(head_attribution(o, wo, directions, *, out=None) -> float32 array
+
+A[b][s][h][r] = (O[b][h][s][:] @ Wo[h]) . directions[r], computed as
+O_h . (Wo[h] directions[r]) without materializing the contributions.
+
+o [B][H][S][L]   wo [H*L][D]   directions [R][D] (or one direction [D])
+returns / out  [B][S][H][R] (float32; [B][S][H] for a 1-D direction)
+Inputs are read in place when float32 C-contiguous, else converted once
+to a contiguous float32 copy.  For fixed wo and directions across many
+calls, AttributionBasis computes Wo[h] directions[r] once.)");
+
+  m.def("head_contribution_norms", &HeadContributionNorms, "o"_a.none(), "wo"_a.none(), nb::kw_only(),
+        "out"_a = nb::none(),
+        R"(head_contribution_norms(o, wo, *, out=None) -> float32 array
+
+N[b][s][h] = || O[b][h][s][:] @ Wo[h] ||_2, without writing [B][S][H][D].
+
+o [B][H][S][L]   wo [H*L][D]   returns / out  [B][S][H] (float32)
+Inputs are read in place when float32 C-contiguous, else converted once
+to a contiguous float32 copy.)");
+
+  nb::class_<AttributionBasis>(m, "AttributionBasis",
+                               R"(AttributionBasis(wo, directions, heads)
+
+head_attribution for a wo and directions that stay fixed across calls:
+basis[h][r][:] = Wo[h] @ directions[r] is computed once (O(H L D R)); each
+call basis(o) then costs O(B S H L R).
+
+wo [H*L][D]   directions [R][D] (or [D])   heads: H
+basis(o, *, out=None) -> [B][S][H][R] float32 ([B][S][H] for a 1-D
+direction), o [B][H][S][L].  Inputs that are not float32 C-contiguous are
+converted once to a contiguous float32 copy.)")
+      .def(nb::init<nb::handle, nb::handle, int64_t>(), "wo"_a.none(), "directions"_a.none(), "heads"_a)
+      .def("__call__", &AttributionBasis::Call, "o"_a.none(), nb::kw_only(), "out"_a = nb::none(),
+           "Attribution of o [B][H][S][L] along the basis' directions: [B][S][H][R].")
+      .def_ro("heads", &AttributionBasis::heads_, "H")
+      .def_ro("head_dim", &AttributionBasis::head_dim_, "L")
+      .def_ro("model_dim", &AttributionBasis::model_dim_, "D")
+      .def_ro("n_directions", &AttributionBasis::n_directions_, "R");
+
+  nb::class_<KvCache>(m, "KVCache",
+                      R"(A layer's KV cache: K (after RoPE) and V of up to `capacity` tokens for
+`batch` sequences, in the layer's cache_dtype.  Made by MHA.new_cache; one
+call at a time uses it.)")
+      .def_ro("batch", &KvCache::batch_)
+      .def_ro("capacity", &KvCache::capacity_)
+      .def_prop_ro("length", &KvCache::Length, "Tokens held.")
+      .def("__len__", &KvCache::Length)
+      .def("reset", &KvCache::Reset, "Hold 0 tokens again.")
+      .def("truncate", &KvCache::Truncate, "length"_a,
+           "Keep the first `length` tokens (a rejected draft, a rewound prompt).");
+
+  nb::class_<Layer>(m, "MHA",
+                    R"(MHA(wq, wk, wv, wo, heads=8, kv_heads=None, causal=True, rope_theta=0.0,
+    bq=None, bk=None, bv=None, bo=None, weight_dtype="float32",
+    cache_dtype="float32")
+
+The whole attention layer: x -> x @ [Wq Wk Wv] (+ biases) -> rotary
+positions on Q and K (rope_theta > 0; rotate-half, as Llama) -> attention
+(GQA when kv_heads < heads) -> y = sum_h O_h @ Wo[h] + bo.
+
+wq [Dm][H*L]   wk, wv [Dm][Hkv*L]   wo [H*L][Dm]   bq [H*L]   bk, bv [Hkv*L]
+bo [Dm]; L is wq's columns / heads.  The weights are copied (rounded to
+weight_dtype) and packed: the arrays may change or go after.
+mha(x, cache=None, *, out=None) -> y [B][S][Dm] float32 for x [B][S][Dm]:
+with a cache (mha.new_cache(batch, capacity)) the S tokens follow the ones
+it holds (positions len .. len+S-1) and are appended; without one, x
+attends to itself.  x is read in place when float32 C-contiguous (else
+converted once); out may be x itself.  The GIL is released during the
+call.)")
+      .def(nb::init<nb::handle, nb::handle, nb::handle, nb::handle, int64_t,
+                    std::optional<int64_t>, bool, double, nb::handle, nb::handle, nb::handle,
+                    nb::handle, const std::string&, const std::string&>(),
+           "wq"_a.none(), "wk"_a.none(), "wv"_a.none(), "wo"_a.none(), "heads"_a = 8,
+           "kv_heads"_a = nb::none(), "causal"_a = true, "rope_theta"_a = 0.0,
+           "bq"_a = nb::none(), "bk"_a = nb::none(), "bv"_a = nb::none(), "bo"_a = nb::none(),
+           "weight_dtype"_a = "float32", "cache_dtype"_a = "float32")
+      .def("__call__", &Layer::Forward, "x"_a.none(), "cache"_a = nb::none(), nb::kw_only(),
+           "out"_a = nb::none(), "y [B][S][Dm] (float32) for x [B][S][Dm].")
+      .def("new_cache", &Layer::NewCache, "batch"_a = 1, "capacity"_a = 4096,
+           nb::keep_alive<0, 1>(), "A KV cache for `batch` sequences of up to `capacity` tokens.")
+      .def_prop_ro("model_dim", [](const Layer& l) { return l.config_.model_dim; })
+      .def_prop_ro("heads", [](const Layer& l) { return l.config_.heads; })
+      .def_prop_ro("kv_heads", [](const Layer& l) { return l.config_.kv_heads; })
+      .def_prop_ro("head_dim", [](const Layer& l) { return l.config_.head_dim; })
+      .def_prop_ro("causal", [](const Layer& l) { return l.config_.causal != 0; })
+      .def_prop_ro("rope_theta", [](const Layer& l) { return l.config_.rope_theta; });
+
+  m.def("set_target", &SetTarget, "name"_a = nb::none(),
+        R"(set_target(name=None)
+
+Restricts dispatch to the named target ("AVX3", "AVX2", "SSE4", ...; see
+compiled_targets()); None returns to the best one this CPU runs.  A name
+this build did not compile or this CPU cannot run raises RuntimeError and
+changes nothing.  Process-wide.)");
+  m.def("active_target", &headsum_active_target,
+        "active_target() -> str: the target the kernels run on now.");
+  m.def("compiled_targets", &CompiledTargets,
+        "compiled_targets() -> list[str]: the targets this build compiled, best first.");
+  m.def("set_num_threads", &SetNumThreads, "n"_a,
+        R"(set_num_threads(n)
+
+Threads each call uses (OpenMP); 0 restores the default.  Process-wide.
+A negative n raises ValueError.)");
+
+  m.def(
+      "_fail_allocations_after", [](long n) { headsum::testing::FailAllocationsAfter(n); }, "n"_a,
+      "Tests only: the library's next n allocations succeed, later ones fail (n < 0: none fail).");
+  m.def(
+      "_copy_stats",
+      [] { return std::make_pair(g_copies.load(), g_copied_bytes.load()); },
+      "(copies, bytes): float32 stagings the binding has made (tests use it to prove zero-copy).");
+}

@@ -1,0 +1,35 @@
+import numpy as np
+import pytest
+
+import headsum
+
+
+@pytest.fixture
+def rng(request):
+    # A seed per test, from its name: reproducible, different across tests.
+    seed = sum(map(ord, request.node.name)) * 7919
+    return np.random.default_rng(seed)
+
+
+@pytest.fixture(autouse=True)
+def default_settings():
+    """Every test starts and ends on the best target and default threads."""
+    headsum.set_target(None)
+    headsum.set_num_threads(0)
+    yield
+    headsum.set_target(None)
+    headsum.set_num_threads(0)
+
+
+def torch_or_skip():
+    try:
+        import torch
+    except ImportError:
+        pytest.skip("torch is not installed (scripts/python_test.sh installs it with HEADSUM_PY_TORCH=1)")
+    return torch
+
+
+def copies():
+    """Float32 stagings the binding has made so far: (count, bytes)."""
+    return headsum._headsum._copy_stats()
+

@@ -1,0 +1,151 @@
+"""Float64 references and error bounds for the binding's tests.
+
+The bounds are the ones the C++ suite asserts (tests/error_bounds.h and .cc,
+README "Numerics"), computed here with NumPy from the exact input values the
+kernels are given: first-order rounding bounds in float32 eps times the
+magnitude of the inputs, times kSafety = 2.  16-bit inputs are compared
+against a reference fed the same rounded values (widened exactly), so they
+carry the float32 bound; a 16-bit result adds its one rounding, relative
+2^-11 (float16) or 2^-8 (bfloat16) of the value, plus half the smallest
+subnormal.
+"""
+
+import numpy as np
+
+EPS = float(np.finfo(np.float32).eps)  # 2^-23
+SAFETY = 2.0
+EXP_REL_ERR = 8 * EPS
+
+# Unit roundoff and half the smallest subnormal of each 16-bit result dtype.
+ROUNDING = {
+    "float32": (0.0, 0.0),
+    "float16": (2.0**-11, 2.0**-25),
+    "bfloat16": (2.0**-8, 2.0**-134),
+}
+
+
+def f64(a):
+    """The exact values of a NumPy array or torch tensor, as float64."""
+    if hasattr(a, "detach"):  # torch: widen exactly before leaving torch
+        import torch
+
+        return a.detach().to(torch.float64).numpy()
+    return np.asarray(a, dtype=np.float64)
+
+
+def dtype_name(a):
+    return str(a.dtype).replace("torch.", "")
+
+
+def visible(sq, skv, causal):
+    """[Sq][Skv] mask: query i sees key j (bottom-right aligned)."""
+    if not causal:
+        return np.ones((sq, skv), dtype=bool)
+    i = np.arange(sq)[:, None]
+    j = np.arange(skv)[None, :]
+    return j <= i + (skv - sq)
+
+
+def attention_ref(q, k, v, causal, scale):
+    """O and its float32-kernel error bound.  q [B][H][Sq][L], k/v [B][Hkv][Skv][L]
+    (float64 holding the kernel's inputs); scale the value the kernel uses."""
+    B, H, Sq, L = q.shape
+    Hkv, Skv = k.shape[1], k.shape[2]
+    kk = np.repeat(k, H // Hkv, axis=1)
+    vv = np.repeat(v, H // Hkv, axis=1)
+    s = scale * np.einsum("bhil,bhjl->bhij", q, kk)
+    score_err = (L + 3) * EPS * abs(scale) * np.einsum("bhil,bhjl->bhij", np.abs(q), np.abs(kk))
+    vis = np.broadcast_to(visible(Sq, Skv, causal), s.shape)
+    any_visible = vis.any(axis=-1, keepdims=True)
+    m = np.where(vis, s, -np.inf).max(axis=-1, keepdims=True)
+    m = np.where(any_visible, m, 0.0)
+    w = np.where(vis, np.exp(np.where(vis, s - m, 0.0)), 0.0)
+    z = w.sum(axis=-1, keepdims=True)
+    p = np.where(any_visible, w / np.where(z > 0, z, 1.0), 0.0)
+    o = p @ vv
+    delta = EXP_REL_ERR + 2 * EPS * (np.abs(s) + np.abs(m)) + score_err
+    delta = np.where(s - m < -80.0, 1.0, delta)
+    delta = np.where(vis, np.minimum(delta, 1.0), 0.0)
+    delta_bar = (p * delta).sum(axis=-1, keepdims=True)
+    a = p @ np.abs(vv)
+    weighted = (p * delta) @ np.abs(vv)
+    bound = SAFETY * (weighted + delta_bar * a + (2 * Skv + 4) * EPS * a)
+    return o, bound
+
+
+def split_wo(wo, heads):
+    """Wo [H*L][D] as [H][L][D]."""
+    return wo.reshape(heads, wo.shape[0] // heads, wo.shape[1])
+
+
+def contributions_ref(o, wo):
+    """c [B][S][H][D] = O_h Wo[h], and abs_c = sum_l |O_l W_l,c|."""
+    w = split_wo(wo, o.shape[1])
+    c = np.einsum("bhsl,hld->bshd", o, w)
+    abs_c = np.einsum("bhsl,hld->bshd", np.abs(o), np.abs(w))
+    return c, abs_c
+
+
+def contributions_bound(o, abs_c):
+    L = o.shape[3]
+    return SAFETY * (L + 2) * EPS * abs_c
+
+
+def project_ref(o, wo, bias=None, gates=None):
+    """y [B][S][D] and its bound."""
+    B, H, S, L = o.shape
+    c, abs_c = contributions_ref(o, wo)
+    g = np.ones(H) if gates is None else gates
+    y = np.einsum("bshd,h->bsd", c, g)
+    magnitude = np.einsum("bshd,h->bsd", abs_c, np.abs(g))
+    if bias is not None:
+        y = y + bias
+        magnitude = magnitude + np.abs(bias)
+    bound = SAFETY * (H * L + H + 3) * EPS * magnitude
+    return y, bound
+
+
+def attribution_ref(o, wo, directions):
+    """a [B][S][H][R] and its bound; directions [R][D]."""
+    B, H, S, L = o.shape
+    D = wo.shape[1]
+    w = split_wo(wo, H)
+    c, _ = contributions_ref(o, wo)
+    a = np.einsum("bshd,rd->bshr", c, directions)
+    abs_wdir = np.einsum("hld,rd->hlr", np.abs(w), np.abs(directions))
+    magnitude = np.einsum("bhsl,hlr->bshr", np.abs(o), abs_wdir)
+    bound = SAFETY * (D + L + 3) * EPS * magnitude
+    return a, bound
+
+
+def norms_ref(o, wo):
+    """n [B][S][H] = ||c_h|| and its bound (ContributionNormsBound)."""
+    B, H, S, L = o.shape
+    D = wo.shape[1]
+    c, abs_c = contributions_ref(o, wo)
+    n = np.sqrt((c * c).sum(axis=-1))
+    a2 = (abs_c * abs_c).sum(axis=-1)
+    dsq = (D + 2 * L + 4) * EPS * a2
+    with np.errstate(divide="ignore"):
+        via_sum = np.where(n > 0, dsq / np.where(n > 0, n, 1.0), np.inf)
+    bound = SAFETY * (np.minimum(via_sum, np.sqrt(dsq)) + EPS * n)
+    return n, bound
+
+
+def assert_within(got, ref, bound, what):
+    """|got - ref| <= bound element-wise, with the result's 16-bit rounding
+    added when got is 16-bit.  bound must not be trivially large: callers
+    pass the derived bound only."""
+    name = dtype_name(got)
+    unit, tiny = ROUNDING[name]
+    g = f64(got)
+    assert g.shape == ref.shape, f"{what}: shape {g.shape} != {ref.shape}"
+    total = bound * (1 + unit) + unit * np.abs(ref) + tiny
+    err = np.abs(g - ref)
+    bad = ~(err <= total)
+    if bad.any():
+        idx = tuple(np.argwhere(bad)[0])
+        raise AssertionError(
+            f"{what}: {int(bad.sum())} of {bad.size} elements out of bound; first at {idx}: "
+            f"got {g[idx]!r}, ref {ref[idx]!r}, |err| {err[idx]:.3e} > bound {total[idx]:.3e}"
+        )
