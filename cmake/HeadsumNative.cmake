@@ -8,7 +8,9 @@ function(headsum_add_native_paths target)
   target_sources(${target} PRIVATE ${PROJECT_SOURCE_DIR}/kernels/native/native_common.cc)
   set(native_dir ${PROJECT_SOURCE_DIR}/kernels/native)
   if(CMAKE_SYSTEM_PROCESSOR MATCHES "^(x86_64|AMD64|amd64)$")
+    # -fno-strict-aliasing: the kernels read bf16 buffers as u32 pairs.
     set(avx512_bf16_flags -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512bf16 -mfma -mf16c
+        -fno-strict-aliasing
         -Wno-maybe-uninitialized)  # GCC 12: false positives in its AVX-512 headers
     set(amx_flags ${avx512_bf16_flags} -mamx-tile -mamx-bf16)
     string(REPLACE ";" " " avx512_str "${avx512_bf16_flags}")
@@ -38,6 +40,9 @@ function(headsum_add_native_paths target)
       int main() { return 0; }" HEADSUM_CXX_HAS_NEON_BF16)
     if(HEADSUM_CXX_HAS_NEON_BF16 AND EXISTS ${native_dir}/neon_bf16.cc)
       target_sources(${target} PRIVATE ${native_dir}/neon_bf16.cc)
+      # The kernels read bf16 buffers as u32 pairs.
+      set_source_files_properties(${native_dir}/neon_bf16.cc PROPERTIES
+                                  COMPILE_OPTIONS "-fno-strict-aliasing")
       target_compile_definitions(${target} PRIVATE HEADSUM_NATIVE_NEON_BF16=1)
     endif()
   endif()

@@ -130,10 +130,25 @@ AttnDims Dims(const headsum_attn_shape& s) {
   return a;
 }
 
-// A 64-byte aligned float buffer.
+// A 64-byte aligned float buffer of the size a kernel asked for, followed
+// by a canary: a kernel that writes past the scratch it declared fails.
 struct Scratch {
-  explicit Scratch(size_t floats) : p(static_cast<float*>(aligned_alloc(64, (floats + 16) / 16 * 64))) {}
-  ~Scratch() { free(p); }
+  static constexpr size_t kCanary = 256;
+  explicit Scratch(size_t floats)
+      : n((floats + 15) / 16 * 16), p(static_cast<float*>(aligned_alloc(64, (n + kCanary) * 4))) {
+    for (size_t i = 0; i < kCanary; ++i) p[n + i] = -7.25f;
+  }
+  ~Scratch() {
+    for (size_t i = 0; i < kCanary; ++i) {
+      if (p[n + i] != -7.25f) {
+        ADD_FAILURE() << "a kernel wrote past its declared scratch of " << n
+                      << " floats (canary float " << i << " changed)";
+        break;
+      }
+    }
+    free(p);
+  }
+  size_t n;
   float* p;
 };
 
@@ -456,12 +471,15 @@ testing::AssertionResult CheckProjection(const Path& path, const MhaShape& s, ui
                             ? View(y.data(), DType::kF32, p.seq * p.model_dim, 0, p.model_dim)
                             : View(y16.data(), y_type, p.seq * p.model_dim, 0, p.model_dim);
   const size_t row_blocks = (p.seq + headsum::native::kProjRows - 1) / headsum::native::kProjRows;
-  const size_t panels = headsum::native::Panels(p);
-  RunItems(p.batch * row_blocks * panels, path.project_scratch(p), threads, [&](size_t item, float* sc) {
-    const size_t panel = item % panels, rb = item / panels % row_blocks, bb = item / panels / row_blocks;
+  // Items of 3 panels (the last one shorter): kernels that take panels in
+  // pairs meet both a pair and a lone panel.
+  const size_t panels = headsum::native::Panels(p), groups = (panels + 2) / 3;
+  RunItems(p.batch * row_blocks * groups, path.project_scratch(p), threads, [&](size_t item, float* sc) {
+    const size_t g = item % groups, rb = item / groups % row_blocks, bb = item / groups / row_blocks;
     const size_t s0 = rb * headsum::native::kProjRows;
     path.project_rows(p, heads, packed.data(), b, yv, bb, s0,
-                      std::min(s0 + headsum::native::kProjRows, p.seq), panel, panel + 1, sc);
+                      std::min(s0 + headsum::native::kProjRows, p.seq), 3 * g,
+                      std::min(3 * g + 3, panels), sc);
   });
   if (y_type != DType::kF32) y = Widen(y16, y_type);
   const RefProjDims d(shape);

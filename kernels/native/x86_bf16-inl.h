@@ -695,9 +695,10 @@ inline void PackHeadRows(const ProjDims& p, const TensorView& heads, size_t b, s
 }
 
 // Scratch of a projection work item: the packed O rows, a 32 x kPanelCols
-// f32 tile, one row before it is stored.
+// f32 tile (AMX; AVX512_BF16 uses at most 6 rows of two panels), one row of
+// up to two panels before it is stored.
 inline size_t ProjScratchFloats(const ProjDims& p) {
-  return kProjRows * InnerPadded(p) / 2 + 32 * kPanelCols + kPanelCols;
+  return kProjRows * InnerPadded(p) / 2 + 32 * kPanelCols + 2 * kPanelCols;
 }
 
 // y rows [s0, s0 + rows), columns [c0, c0 + n) from f32 tile rows (ld
@@ -737,6 +738,33 @@ inline void ProjectGroupPanel(const uint16_t* op, size_t Kp, const uint16_t* pan
   }
 }
 
+// R rows x two adjacent panels (4 vectors, 64 columns): each broadcast pair
+// of O feeds 4 VDPBF16PS instead of 2.  out: [R][2 kPanelCols].
+template <int R>
+inline void ProjectGroupTwoPanels(const uint16_t* op, size_t Kp, const uint16_t* panel,
+                                  float* out) {
+  const uint16_t* panel2 = panel + Kp * kPanelCols;
+  __m512 acc[R][4];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < 4; ++c) acc[r][c] = _mm512_setzero_ps();
+  const uint32_t* o32 = reinterpret_cast<const uint32_t*>(op);
+  for (size_t q = 0; q < Kp / 2; ++q) {
+    const __m512i w0 = _mm512_loadu_si512(panel + q * 64);
+    const __m512i w1 = _mm512_loadu_si512(panel + q * 64 + 32);
+    const __m512i w2 = _mm512_loadu_si512(panel2 + q * 64);
+    const __m512i w3 = _mm512_loadu_si512(panel2 + q * 64 + 32);
+    for (int r = 0; r < R; ++r) {
+      const uint32_t pair = o32[r * (Kp / 2) + q];
+      acc[r][0] = Dp(acc[r][0], pair, w0);
+      acc[r][1] = Dp(acc[r][1], pair, w1);
+      acc[r][2] = Dp(acc[r][2], pair, w2);
+      acc[r][3] = Dp(acc[r][3], pair, w3);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < 4; ++c) _mm512_storeu_ps(out + r * 2 * kPanelCols + 16 * c, acc[r][c]);
+}
+
 inline void Avx512ProjectRows(const ProjDims& p, const TensorView& heads,
                               const uint16_t* packed_wo, const float* bias, const TensorView& y,
                               size_t b, size_t s0, size_t s1, size_t panel0, size_t panel1,
@@ -746,7 +774,25 @@ inline void Avx512ProjectRows(const ProjDims& p, const TensorView& heads,
   float* tile = scratch + kProjRows * Kp / 2;
   float* row = tile + 32 * kPanelCols;
   PackHeadRows(p, heads, b, s0, rows, op);
-  for (size_t panel = panel0; panel < panel1; ++panel) {
+  size_t panel = panel0;
+  for (; panel + 2 <= panel1; panel += 2) {  // two panels at a time, 6 rows
+    const uint16_t* w = packed_wo + panel * Kp * kPanelCols;
+    const size_t c0 = panel * kPanelCols, n = MinSize(2 * kPanelCols, p.model_dim - c0);
+    for (size_t r = 0; r < rows; r += 6) {
+      const size_t g = MinSize(6, rows - r);
+      const uint16_t* o = op + r * Kp;
+      switch (g) {
+        case 6: ProjectGroupTwoPanels<6>(o, Kp, w, tile); break;
+        case 5: ProjectGroupTwoPanels<5>(o, Kp, w, tile); break;
+        case 4: ProjectGroupTwoPanels<4>(o, Kp, w, tile); break;
+        case 3: ProjectGroupTwoPanels<3>(o, Kp, w, tile); break;
+        case 2: ProjectGroupTwoPanels<2>(o, Kp, w, tile); break;
+        default: ProjectGroupTwoPanels<1>(o, Kp, w, tile); break;
+      }
+      StoreYRows(tile, 2 * kPanelCols, g, bias, c0, n, y, b, s0 + r, row);
+    }
+  }
+  for (; panel < panel1; ++panel) {
     const uint16_t* w = packed_wo + panel * Kp * kPanelCols;
     const size_t c0 = panel * kPanelCols, n = MinSize(kPanelCols, p.model_dim - c0);
     for (size_t r = 0; r < rows; r += 8) {
