@@ -133,10 +133,10 @@ HWY_INLINE void StoreF32As(D d, hn::Vec<D> v, hwy::bfloat16_t* HWY_RESTRICT p) {
              reinterpret_cast<uint16_t*>(p));
 }
 
-// Calls f(d, i) over [0, n): whole vectors, then single lanes (no access
-// past n).
+// Calls f(d, i) for i = 0, N, 2N... with full vectors, then single lanes
+// (no access past n).  Shared with matmul-inl.h, which includes this file.
 template <class F>
-HWY_INLINE void ForEachLaneBlock(size_t n, const F& f) {
+HWY_INLINE void ForEachVector(size_t n, const F& f) {
   const hn::ScalableTag<float> d;
   const size_t N = hn::Lanes(d);
   size_t i = 0;
@@ -147,7 +147,7 @@ HWY_INLINE void ForEachLaneBlock(size_t n, const F& f) {
 
 template <class TS, class TD>
 HWY_INLINE void ConvertRowT(const TS* HWY_RESTRICT src, size_t n, TD* HWY_RESTRICT dst) {
-  ForEachLaneBlock(n, [&](auto d, size_t i) { StoreF32As(d, LoadF32(d, src + i), dst + i); });
+  ForEachVector(n, [&](auto d, size_t i) { StoreF32As(d, LoadF32(d, src + i), dst + i); });
 }
 
 // Runs f with `p` cast to the element type of `t`.

@@ -231,16 +231,7 @@ HWY_INLINE void MatMul(size_t rows, size_t cols, size_t K, const float* HWY_REST
 // n rounded up to a whole number of N-lane vectors.
 inline size_t RoundUpToVectors(size_t n, size_t N) { return (n + N - 1) / N * N; }
 
-// Calls f(d, i) for i = 0, N, 2N... with full vectors, then single lanes.
-template <class F>
-HWY_INLINE void ForEachVector(size_t n, const F& f) {
-  const hn::ScalableTag<float> d;
-  const size_t N = hn::Lanes(d);
-  size_t i = 0;
-  for (; i + N <= n; i += N) f(d, i);
-  const hn::CappedTag<float, 1> d1;
-  for (; i < n; ++i) f(d1, i);
-}
+// ForEachVector (full vectors, then single lanes) is in convert-inl.h.
 
 HWY_INLINE void Fill(float* HWY_RESTRICT x, size_t n, float value) {
   ForEachVector(n, [&](auto d, size_t i) { hn::StoreU(hn::Set(d, value), d, x + i); });
