@@ -79,19 +79,24 @@ HWY_INLINE void MicroTile(D d, size_t K, const float* HWY_RESTRICT a, size_t lda
                           size_t ka, const TB* HWY_RESTRICT b, size_t ldb, size_t col,
                           const Epilogue& epilogue, const KSegments& chain = KSegments()) {
   static_assert(1 <= kRows && kRows <= 8, "rows");
-  static_assert(1 <= kVecs && kVecs <= 4, "vectors");
+  static_assert(1 <= kVecs && kVecs <= 6, "vectors");
+  static_assert(kVecs <= 4 || kRows <= 2, "more than 4 vectors only for 1 or 2 rows");
   using V = hn::Vec<D>;
   const size_t N = hn::Lanes(d);
   // Unused accumulators (rows >= kRows, vectors >= kVecs) compile away.
   V i0 = hn::Zero(d), i1 = hn::Zero(d), i2 = hn::Zero(d), i3 = hn::Zero(d);
+  V i4 = hn::Zero(d), i5 = hn::Zero(d);
   if (chain.init != nullptr) {
     i0 = hn::LoadU(d, chain.init + col);
     if constexpr (kVecs > 1) i1 = hn::LoadU(d, chain.init + col + N);
     if constexpr (kVecs > 2) i2 = hn::LoadU(d, chain.init + col + 2 * N);
     if constexpr (kVecs > 3) i3 = hn::LoadU(d, chain.init + col + 3 * N);
+    if constexpr (kVecs > 4) i4 = hn::LoadU(d, chain.init + col + 4 * N);
+    if constexpr (kVecs > 5) i5 = hn::LoadU(d, chain.init + col + 5 * N);
   }
-  V c00 = i0, c01 = i1, c02 = i2, c03 = i3;
-  V c10 = i0, c11 = i1, c12 = i2, c13 = i3;
+  // Vectors 4 and 5 exist only in rows 0 and 1 (the few-row tiles).
+  V c00 = i0, c01 = i1, c02 = i2, c03 = i3, c04 = i4, c05 = i5;
+  V c10 = i0, c11 = i1, c12 = i2, c13 = i3, c14 = i4, c15 = i5;
   V c20 = i0, c21 = i1, c22 = i2, c23 = i3;
   V c30 = i0, c31 = i1, c32 = i2, c33 = i3;
   V c40 = i0, c41 = i1, c42 = i2, c43 = i3;
@@ -103,10 +108,12 @@ HWY_INLINE void MicroTile(D d, size_t K, const float* HWY_RESTRICT a, size_t lda
     const float* HWY_RESTRICT ak = a + s * chain.a_step;
     for (size_t k = 0; k < K; ++k, bk += ldb, ak += ka) {
       V b0 = LoadF32(d, bk);
-      V b1 = b0, b2 = b0, b3 = b0;
+      V b1 = b0, b2 = b0, b3 = b0, b4 = b0, b5 = b0;
       if constexpr (kVecs > 1) b1 = LoadF32(d, bk + N);
       if constexpr (kVecs > 2) b2 = LoadF32(d, bk + 2 * N);
       if constexpr (kVecs > 3) b3 = LoadF32(d, bk + 3 * N);
+      if constexpr (kVecs > 4) b4 = LoadF32(d, bk + 4 * N);
+      if constexpr (kVecs > 5) b5 = LoadF32(d, bk + 5 * N);
 #define HEADSUM_ROW_FMA(r)                                          \
   if constexpr (kRows > r) {                                        \
     const V ar = hn::Set(d, ak[r * lda]);                           \
@@ -115,14 +122,22 @@ HWY_INLINE void MicroTile(D d, size_t K, const float* HWY_RESTRICT a, size_t lda
     if constexpr (kVecs > 2) c##r##2 = hn::MulAdd(ar, b2, c##r##2); \
     if constexpr (kVecs > 3) c##r##3 = hn::MulAdd(ar, b3, c##r##3); \
   }
-      HEADSUM_ROW_FMA(0)
-      HEADSUM_ROW_FMA(1)
+#define HEADSUM_ROW_FMA6(r)                                         \
+  HEADSUM_ROW_FMA(r)                                                \
+  if constexpr (kRows > r) {                                        \
+    const V ar = hn::Set(d, ak[r * lda]);                           \
+    if constexpr (kVecs > 4) c##r##4 = hn::MulAdd(ar, b4, c##r##4); \
+    if constexpr (kVecs > 5) c##r##5 = hn::MulAdd(ar, b5, c##r##5); \
+  }
+      HEADSUM_ROW_FMA6(0)
+      HEADSUM_ROW_FMA6(1)
       HEADSUM_ROW_FMA(2)
       HEADSUM_ROW_FMA(3)
       HEADSUM_ROW_FMA(4)
       HEADSUM_ROW_FMA(5)
       HEADSUM_ROW_FMA(6)
       HEADSUM_ROW_FMA(7)
+#undef HEADSUM_ROW_FMA6
 #undef HEADSUM_ROW_FMA
     }
   }
@@ -133,14 +148,21 @@ HWY_INLINE void MicroTile(D d, size_t K, const float* HWY_RESTRICT a, size_t lda
     if constexpr (kVecs > 2) epilogue(d, r, col + 2 * N, c##r##2);     \
     if constexpr (kVecs > 3) epilogue(d, r, col + 3 * N, c##r##3);     \
   }
-  HEADSUM_ROW_OUT(0)
-  HEADSUM_ROW_OUT(1)
+#define HEADSUM_ROW_OUT6(r)                                            \
+  HEADSUM_ROW_OUT(r)                                                   \
+  if constexpr (kRows > r) {                                           \
+    if constexpr (kVecs > 4) epilogue(d, r, col + 4 * N, c##r##4);     \
+    if constexpr (kVecs > 5) epilogue(d, r, col + 5 * N, c##r##5);     \
+  }
+  HEADSUM_ROW_OUT6(0)
+  HEADSUM_ROW_OUT6(1)
   HEADSUM_ROW_OUT(2)
   HEADSUM_ROW_OUT(3)
   HEADSUM_ROW_OUT(4)
   HEADSUM_ROW_OUT(5)
   HEADSUM_ROW_OUT(6)
   HEADSUM_ROW_OUT(7)
+#undef HEADSUM_ROW_OUT6
 #undef HEADSUM_ROW_OUT
 }
 
@@ -157,6 +179,18 @@ HWY_INLINE void MatMulRows(size_t cols, size_t K, const float* HWY_RESTRICT a,
   size_t col = 0;
   for (; col + kVecs * N <= cols; col += kVecs * N) {
     MicroTile<kRows, kVecs>(d, K, a, lda, ka, b, ldb, col, epilogue, chain);
+  }
+  if constexpr (kVecs > 5) {
+    if (col + 5 * N <= cols) {
+      MicroTile<kRows, 5>(d, K, a, lda, ka, b, ldb, col, epilogue, chain);
+      col += 5 * N;
+    }
+  }
+  if constexpr (kVecs > 4) {
+    if (col + 4 * N <= cols) {
+      MicroTile<kRows, 4>(d, K, a, lda, ka, b, ldb, col, epilogue, chain);
+      col += 4 * N;
+    }
   }
   if constexpr (kVecs > 3) {
     if (col + 3 * N <= cols) {

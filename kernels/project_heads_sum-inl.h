@@ -120,10 +120,23 @@ HWY_INLINE void ChainTileT(const ProjDims& p, const TensorView& heads,
   every_head.a_step = a_step;
   every_head.b_step = L * ldw;  // Wo[h] -> Wo[h+1]
   every_head.init = bias ? bias + c0 : nullptr;
-  MatMul<kWideRows, kWideVecs>(rows, cols, L, o, lda, wo_c0, ldw,
-                               [&](auto d, size_t r, size_t c, auto acc) {
-                                 hn::StoreU(acc, d, y_tile + r * ldy + c);
-                               }, every_head);
+  const auto store = [&](auto d, size_t r, size_t c, auto acc) {
+    hn::StoreU(acc, d, y_tile + r * ldy + c);
+  };
+#if HWY_TARGET != HWY_SCALAR
+  // One or two rows (a decode step): the wide tile would leave 2-3 FMA chains
+  // in flight, a latency-bound quarter of the FMA rate; spread the rows'
+  // panel over more vectors instead (1 x 6 or 2 x 4 chains; each element is
+  // still one chain over h, then l, so the result is the same bits).
+  if (rows == 1) {
+    MatMul<1, 6>(rows, cols, L, o, lda, wo_c0, ldw, store, every_head);
+  } else if (rows == 2) {
+    MatMul<2, 4>(rows, cols, L, o, lda, wo_c0, ldw, store, every_head);
+  } else
+#endif
+  {
+    MatMul<kWideRows, kWideVecs>(rows, cols, L, o, lda, wo_c0, ldw, store, every_head);
+  }
   if (!y.IsF32()) {
     const size_t bytes = DTypeBytes(y.dtype);
     for (size_t r = 0; r < rows; ++r) {
