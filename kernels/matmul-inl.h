@@ -14,7 +14,9 @@
 
 #include <cmath>
 #include <limits>
+#include <type_traits>
 
+#include "hwy/cache_control.h"
 #include "hwy/highway.h"
 #include "hwy/contrib/math/math-inl.h"
 #include "kernels/convert-inl.h"
@@ -69,6 +71,24 @@ struct KSegments {
   const float* init = nullptr;
 };
 
+// bf16 B two vectors at a time: the 2N bf16 at p read as N u32 lanes, each
+// holding an (even, odd) column pair; the even columns are the low halves
+// shifted up, the odd ones the high halves masked: one integer op per vector
+// of B, where widening a vector alone takes two (zero-extend, shift).  The
+// accumulators then hold the pair's columns deinterleaved (even, odd), and
+// the tile interleaves them back once, after the whole product.
+template <class D, class TB>
+constexpr bool kLoadsBf16Pairs =
+    std::is_same<TB, hwy::bfloat16_t>::value && HWY_TARGET != HWY_SCALAR;
+
+template <class D, class V>
+HWY_INLINE void LoadBf16Pair(D d, const hwy::bfloat16_t* HWY_RESTRICT p, V& even, V& odd) {
+  const hn::RebindToUnsigned<D> du;
+  const auto pairs = hn::LoadU(du, reinterpret_cast<const uint32_t*>(p));
+  even = hn::BitCast(d, hn::ShiftLeft<16>(pairs));
+  odd = hn::BitCast(d, hn::And(pairs, hn::Set(du, 0xFFFF0000u)));
+}
+
 // The C block of kRows x kVecs vectors at B's column `col`:
 //   acc[r][v] = init + sum_{s, k < K} A[s*a_step + r*lda + k*ka] * B[s*b_step + k*ldb + col + v*N]
 // (ka = 1 for a row-major A; ka > 1 reads A transposed, e.g. P^T).
@@ -86,7 +106,17 @@ HWY_INLINE void MicroTile(D d, size_t K, const float* HWY_RESTRICT a, size_t lda
   // Unused accumulators (rows >= kRows, vectors >= kVecs) compile away.
   V i0 = hn::Zero(d), i1 = hn::Zero(d), i2 = hn::Zero(d), i3 = hn::Zero(d);
   V i4 = hn::Zero(d), i5 = hn::Zero(d);
-  if (chain.init != nullptr) {
+  // bf16 B: vectors (0, 1), (2, 3), (4, 5) as deinterleaved pairs.
+  constexpr bool kPair01 = kLoadsBf16Pairs<D, TB> && kVecs > 1;
+  constexpr bool kPair23 = kLoadsBf16Pairs<D, TB> && kVecs > 3;
+  constexpr bool kPair45 = kLoadsBf16Pairs<D, TB> && kVecs > 5;
+  if (chain.init != nullptr && kPair01) {
+    hn::LoadInterleaved2(d, chain.init + col, i0, i1);
+    if constexpr (kVecs == 3) i2 = hn::LoadU(d, chain.init + col + 2 * N);
+    if constexpr (kPair23) hn::LoadInterleaved2(d, chain.init + col + 2 * N, i2, i3);
+    if constexpr (kVecs == 5) i4 = hn::LoadU(d, chain.init + col + 4 * N);
+    if constexpr (kPair45) hn::LoadInterleaved2(d, chain.init + col + 4 * N, i4, i5);
+  } else if (chain.init != nullptr) {
     i0 = hn::LoadU(d, chain.init + col);
     if constexpr (kVecs > 1) i1 = hn::LoadU(d, chain.init + col + N);
     if constexpr (kVecs > 2) i2 = hn::LoadU(d, chain.init + col + 2 * N);
@@ -107,13 +137,23 @@ HWY_INLINE void MicroTile(D d, size_t K, const float* HWY_RESTRICT a, size_t lda
     const TB* HWY_RESTRICT bk = b + s * chain.b_step + col;
     const float* HWY_RESTRICT ak = a + s * chain.a_step;
     for (size_t k = 0; k < K; ++k, bk += ldb, ak += ka) {
-      V b0 = LoadF32(d, bk);
-      V b1 = b0, b2 = b0, b3 = b0, b4 = b0, b5 = b0;
-      if constexpr (kVecs > 1) b1 = LoadF32(d, bk + N);
-      if constexpr (kVecs > 2) b2 = LoadF32(d, bk + 2 * N);
-      if constexpr (kVecs > 3) b3 = LoadF32(d, bk + 3 * N);
-      if constexpr (kVecs > 4) b4 = LoadF32(d, bk + 4 * N);
-      if constexpr (kVecs > 5) b5 = LoadF32(d, bk + 5 * N);
+      if constexpr (kRows <= 2) hwy::Prefetch(bk + 8 * ldb);
+      V b0, b1, b2, b3, b4, b5;
+      if constexpr (kPair01) {
+        LoadBf16Pair(d, bk, b0, b1);
+        if constexpr (kVecs == 3) b2 = LoadF32(d, bk + 2 * N);
+        if constexpr (kPair23) LoadBf16Pair(d, bk + 2 * N, b2, b3);
+        if constexpr (kVecs == 5) b4 = LoadF32(d, bk + 4 * N);
+        if constexpr (kPair45) LoadBf16Pair(d, bk + 4 * N, b4, b5);
+      } else {
+        b0 = LoadF32(d, bk);
+        b1 = b2 = b3 = b4 = b5 = b0;
+        if constexpr (kVecs > 1) b1 = LoadF32(d, bk + N);
+        if constexpr (kVecs > 2) b2 = LoadF32(d, bk + 2 * N);
+        if constexpr (kVecs > 3) b3 = LoadF32(d, bk + 3 * N);
+        if constexpr (kVecs > 4) b4 = LoadF32(d, bk + 4 * N);
+        if constexpr (kVecs > 5) b5 = LoadF32(d, bk + 5 * N);
+      }
 #define HEADSUM_ROW_FMA(r)                                          \
   if constexpr (kRows > r) {                                        \
     const V ar = hn::Set(d, ak[r * lda]);                           \
@@ -139,6 +179,33 @@ HWY_INLINE void MicroTile(D d, size_t K, const float* HWY_RESTRICT a, size_t lda
       HEADSUM_ROW_FMA(7)
 #undef HEADSUM_ROW_FMA6
 #undef HEADSUM_ROW_FMA
+    }
+  }
+  if constexpr (kPair01) {
+    // Back to column order: each deinterleaved pair interleaved in place.
+    HWY_ALIGN float pair[2 * HWY_MAX_BYTES / sizeof(float)];
+    const auto interleave = [&](V& even, V& odd) {
+      hn::StoreInterleaved2(even, odd, d, pair);
+      even = hn::Load(d, pair);
+      odd = hn::Load(d, pair + N);
+    };
+#define HEADSUM_ROW_INTERLEAVE(r)                              \
+  if constexpr (kRows > r) {                                   \
+    interleave(c##r##0, c##r##1);                              \
+    if constexpr (kPair23) interleave(c##r##2, c##r##3);       \
+  }
+    HEADSUM_ROW_INTERLEAVE(0)
+    HEADSUM_ROW_INTERLEAVE(1)
+    HEADSUM_ROW_INTERLEAVE(2)
+    HEADSUM_ROW_INTERLEAVE(3)
+    HEADSUM_ROW_INTERLEAVE(4)
+    HEADSUM_ROW_INTERLEAVE(5)
+    HEADSUM_ROW_INTERLEAVE(6)
+    HEADSUM_ROW_INTERLEAVE(7)
+#undef HEADSUM_ROW_INTERLEAVE
+    if constexpr (kPair45) {
+      interleave(c04, c05);
+      if constexpr (kRows > 1) interleave(c14, c15);
     }
   }
 #define HEADSUM_ROW_OUT(r)                                             \

@@ -453,7 +453,7 @@ struct ProjCase {
 };
 const ProjCase kProjCases[] = {
     {1, 20, 8, 64, 512}, {2, 3, 3, 17, 65}, {1, 1, 2, 5, 49}, {1, 65, 4, 16, 100},
-    {1, 1, 8, 64, 512},
+    {1, 1, 8, 64, 512}, {3, 2, 3, 17, 113},  // one and two rows: the decode tiles
 };
 
 struct ProjCombo {
