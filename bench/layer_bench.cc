@@ -3,14 +3,21 @@
 // (the composition has none):
 //   X @ [Wq Wk Wv] + b   one oneDNN matmul (headsum_concat_project_onednn
 //                        with one head of Dm)
-//   reorder to heads     a oneDNN reorder [S][3H][L] -> [3][H][S][L] (decode:
-//                        K, V into a preallocated cache [H][cap][L])
-//   attention            headsum_attention_onednn (matmul, softmax, matmul)
+//   reorder to heads     oneDNN reorders [S][3H][L] -> Q [H][S][L], and K, V
+//                        into a preallocated cache [H][cap][L] at position len
+//   attention            the composed oneDNN attention (matmul, softmax,
+//                        matmul; onednn::Attention with the cache's capacity:
+//                        K^T and V read in place by strides, len + S tokens)
 //   concat, @ Wo + bo    headsum_concat_project_onednn
 // Rows (twins differ in the second field):
 //   BM_layer_prefill/{headsum,onednn}/S:512/threads:t      a prefill into an empty cache
 //   BM_layer_decode/{headsum,onednn}/Skv:4096/threads:t    one token over 4096 cached
-//   BM_layer_generate/headsum/...                          prefill 512 + 256 steps
+//                                                          (cache capacity 4096 + 256)
+//   BM_layer_generate/{headsum,onednn}/P:512/T:256/threads:t
+//                                                          prefill 512 + 256 steps into a
+//                                                          cache of capacity 768
+// The generation rows run one untimed loop first (oneDNN: its primitives for
+// every length are then made and cached; see onednn_ref.cc).
 // Read the _median rows (--benchmark_repetitions=5 by default).
 #include <benchmark/benchmark.h>
 
@@ -24,6 +31,7 @@
 
 #if defined(HEADSUM_BENCH_HAVE_ONEDNN)
 #include "dnnl.hpp"
+#include "kernels/onednn/onednn_ref.h"  // Attention over a strided cache
 #endif
 #ifdef _OPENMP
 #include <omp.h>
@@ -32,6 +40,8 @@
 namespace {
 
 constexpr int64_t kDm = 512, kH = 8, kL = 64, kFused = 3 * kH * kL;
+// Room the decode rows' caches keep beyond the 4096 + 1 tokens they use.
+constexpr int64_t kDecodeHeadroom = 255;
 
 std::vector<float> Random(size_t n, float scale, uint32_t seed) {
   std::vector<float> v(n);
@@ -111,7 +121,7 @@ void BM_prefill_headsum(benchmark::State& state) {
 void BM_decode_headsum(benchmark::State& state) {
   const int64_t len = state.range(0);
   SetThreads(int(state.range(1)));
-  HeadsumLayer layer(len + 1);
+  HeadsumLayer layer(len + 1 + kDecodeHeadroom);
   const std::vector<float> prompt = Random(size_t(len * kDm), 1.0f, 10);
   std::vector<float> y(prompt.size());
   Check(state, headsum_mha_forward(layer.mha, layer.cache, 1, len, prompt.data(), y.data()));
@@ -130,7 +140,7 @@ void BM_generate_headsum(benchmark::State& state) {
   HeadsumLayer layer(P + T);
   const std::vector<float> prompt = Random(size_t(P * kDm), 1.0f, 12);
   std::vector<float> y(prompt.size()), x(static_cast<size_t>(kDm));
-  for (auto _ : state) {
+  auto generate = [&] {
     headsum_kv_cache_reset(layer.cache);
     Check(state, headsum_mha_forward(layer.mha, layer.cache, 1, P, prompt.data(), y.data()));
     std::memcpy(x.data(), y.data() + (P - 1) * kDm, sizeof(float) * size_t(kDm));
@@ -138,7 +148,9 @@ void BM_generate_headsum(benchmark::State& state) {
       Check(state, headsum_mha_forward(layer.mha, layer.cache, 1, 1, x.data(), y.data()));
       std::memcpy(x.data(), y.data(), sizeof(float) * size_t(kDm));
     }
-  }
+  };
+  generate();  // untimed, as the oneDNN twin's
+  for (auto _ : state) generate();
   state.counters["tokens/s"] = benchmark::Counter(double(T), benchmark::Counter::kIsIterationInvariantRate);
 }
 
@@ -172,28 +184,56 @@ struct ToHeads {
   }
 };
 
-struct OnednnLayer {
-  int64_t S, cap;
-  std::vector<float> qkv, heads, o;  // heads: [3][H][cap][L] (q, k, v; k and v: the cache)
-  ToHeads q_to_heads, kv_to_heads;
-  OnednnLayer(int64_t S_, int64_t cap_)
-      : S(S_), cap(cap_), qkv(size_t(S_ * kFused)), heads(size_t(3 * kH * cap_ * kL)),
-        o(size_t(kH * S_ * kL)), q_to_heads(S_, kH, S_), kv_to_heads(S_, kH, cap_) {}
+// onednn::Attention reports through LastErrorDetail, the C API calls
+// through headsum_last_error.
+void CheckOnednn(benchmark::State& state, headsum_status st) {
+  if (st == HEADSUM_OK) return;
+  const char* detail = headsum::onednn::LastErrorDetail();
+  state.SkipWithError(detail[0] != '\0' ? detail : headsum_last_error());
+}
 
-  // y for the S tokens at positions len .. len + S - 1 (cache holds len).
+// The KV cache: K and V, each [H][cap][L].
+struct OnednnCache {
+  int64_t cap;
+  std::vector<float> kv;
+  explicit OnednnCache(int64_t cap_) : cap(cap_), kv(size_t(2 * kH * cap_ * kL)) {}
+  float* k() { return kv.data(); }
+  float* v() { return kv.data() + kH * cap * kL; }
+};
+
+// The layer's steps for S tokens at a time over a cache.
+struct OnednnLayer {
+  int64_t S;
+  int threads;
+  OnednnCache* cache;
+  std::vector<float> qkv, q, o;  // qkv [S][3H][L], q and o [H][S][L]
+  ToHeads q_to_heads, kv_to_heads;
+  OnednnLayer(int64_t S_, int threads_, OnednnCache* cache_)
+      : S(S_), threads(threads_), cache(cache_), qkv(size_t(S_ * kFused)), q(size_t(kH * S_ * kL)),
+        o(size_t(kH * S_ * kL)), q_to_heads(S_, kH, S_), kv_to_heads(S_, kH, cache_->cap) {}
+
+  // y for the S tokens at positions len .. len + S - 1 (the cache holds len).
   headsum_status Forward(const float* x, int64_t len, float* y) {
+    if (len + S > cache->cap) return HEADSUM_ERR_INVALID_ARGUMENT;
     const Weights& w = TheWeights();
     const headsum_proj_shape in = {1, S, 1, kDm, kFused};
     if (headsum_status st = headsum_concat_project_onednn(&in, x, w.wqkv.data(), w.bqkv.data(), qkv.data())) return st;
-    float* q = heads.data();
-    float* k = q + kH * cap * kL;
-    float* v = k + kH * cap * kL;
-    q_to_heads.Run(qkv.data(), q);
-    kv_to_heads.Run(qkv.data() + kH * kL, k + len * kL);
-    kv_to_heads.Run(qkv.data() + 2 * kH * kL, v + len * kL);
-    // Attention over the cache: contiguous [H][len + S][L] when cap = len + S.
-    const headsum_attn_shape a = {1, kH, 0, S, len + S, kL, 0.0f, 1};
-    if (headsum_status st = headsum_attention_onednn(&a, q, k, v, o.data())) return st;
+    q_to_heads.Run(qkv.data(), q.data());
+    kv_to_heads.Run(qkv.data() + kH * kL, cache->k() + len * kL);
+    kv_to_heads.Run(qkv.data() + 2 * kH * kL, cache->v() + len * kL);
+    // Attention over the len + S tokens of the cache [H][cap][L], in place.
+    headsum::AttnDims a;
+    a.batch = 1;
+    a.heads = a.kv_heads = size_t(kH);
+    a.seq_q = size_t(S);
+    a.seq_kv = size_t(len + S);
+    a.head_dim = size_t(kL);
+    a.scale = 0.125f;  // 1/sqrt(L), as the C API resolves scale 0
+    a.causal = true;
+    if (headsum_status st = headsum::onednn::Attention(a, size_t(cache->cap), q.data(), cache->k(),
+                                                       cache->v(), o.data(), threads)) {
+      return st;
+    }
     const headsum_proj_shape out = {1, S, kH, kL, kDm};
     return headsum_concat_project_onednn(&out, o.data(), w.wo.data(), w.bo.data(), y);
   }
@@ -201,46 +241,78 @@ struct OnednnLayer {
 
 void BM_prefill_onednn(benchmark::State& state) {
   const int64_t S = state.range(0);
-  SetThreads(int(state.range(1)));
-  OnednnLayer layer(S, S);
+  const int threads = int(state.range(1));
+  SetThreads(threads);
+  OnednnCache cache(S);
+  OnednnLayer layer(S, threads, &cache);
   const std::vector<float> x = Random(size_t(S * kDm), 1.0f, 9);
   std::vector<float> y(x.size());
-  for (auto _ : state) Check(state, layer.Forward(x.data(), 0, y.data()));
+  for (auto _ : state) CheckOnednn(state, layer.Forward(x.data(), 0, y.data()));
   state.counters["tokens/s"] = benchmark::Counter(double(S), benchmark::Counter::kIsIterationInvariantRate);
 }
 
 void BM_decode_onednn(benchmark::State& state) {
   const int64_t len = state.range(0);
-  SetThreads(int(state.range(1)));
-  // The cache is [H][len + 1][L]: after the step's K, V land at `len` it is
-  // contiguous over all len + 1 positions, as the composed attention needs.
-  OnednnLayer layer(1, len + 1);
+  const int threads = int(state.range(1));
+  SetThreads(threads);
+  // A cache with room beyond the len + 1 tokens the step attends over, as
+  // headsum's twin has: attention reads it by strides.
+  OnednnCache cache(len + 1 + kDecodeHeadroom);
+  OnednnLayer layer(1, threads, &cache);
   const std::vector<float> x = Random(size_t(kDm), 1.0f, 11);
   std::vector<float> y(static_cast<size_t>(kDm));
   // Fill the cache once (any values: the cost does not depend on them).
-  const std::vector<float> fill = Random(size_t(2 * kH * (len + 1) * kL), 1.0f, 13);
-  std::memcpy(layer.heads.data() + kH * (len + 1) * kL, fill.data(), fill.size() * sizeof(float));
-  for (auto _ : state) Check(state, layer.Forward(x.data(), len, y.data()));
+  const std::vector<float> fill = Random(cache.kv.size(), 1.0f, 13);
+  std::memcpy(cache.kv.data(), fill.data(), fill.size() * sizeof(float));
+  for (auto _ : state) CheckOnednn(state, layer.Forward(x.data(), len, y.data()));
   state.counters["tokens/s"] = benchmark::Counter(1.0, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// The twin of BM_generate_headsum: prefill P into a cache of capacity P + T,
+// then T single-token steps, each fed the last output; K and V land in the
+// cache at len, attention covers len + S tokens of it.
+void BM_generate_onednn(benchmark::State& state) {
+  const int64_t P = state.range(0), T = state.range(1);
+  const int threads = int(state.range(2));
+  SetThreads(threads);
+  OnednnCache cache(P + T);
+  OnednnLayer prefill(P, threads, &cache), step(1, threads, &cache);
+  const std::vector<float> prompt = Random(size_t(P * kDm), 1.0f, 12);
+  std::vector<float> y(prompt.size()), x(static_cast<size_t>(kDm));
+  auto generate = [&] {
+    CheckOnednn(state, prefill.Forward(prompt.data(), 0, y.data()));
+    std::memcpy(x.data(), y.data() + (P - 1) * kDm, sizeof(float) * size_t(kDm));
+    for (int64_t t = 0; t < T; ++t) {
+      CheckOnednn(state, step.Forward(x.data(), P + t, y.data()));
+      std::memcpy(x.data(), y.data(), sizeof(float) * size_t(kDm));
+    }
+  };
+  generate();  // untimed: makes (and caches) the primitives of every length
+  for (auto _ : state) generate();
+  state.counters["tokens/s"] = benchmark::Counter(double(T), benchmark::Counter::kIsIterationInvariantRate);
 }
 #endif
 
-void Args(benchmark::internal::Benchmark* b, int64_t size) {
+void Args(benchmark::internal::Benchmark* b, const char* size_name, int64_t size) {
   for (int t : {1, 2}) b->Args({size, t});
-  b->ArgNames({"", "threads"})->UseRealTime()->Unit(benchmark::kMicrosecond);
+  b->ArgNames({size_name, "threads"})->UseRealTime()->Unit(benchmark::kMicrosecond);
+}
+
+void GenerateArgs(benchmark::internal::Benchmark* b) {
+  for (int t : {1, 2}) b->Args({512, 256, t});
+  b->ArgNames({"P", "T", "threads"})->UseRealTime()->Unit(benchmark::kMillisecond);
 }
 
 }  // namespace
 
-BENCHMARK(BM_prefill_headsum)->Name("BM_layer_prefill/headsum/S")->Apply([](auto* b) { Args(b, 512); });
-BENCHMARK(BM_decode_headsum)->Name("BM_layer_decode/headsum/Skv")->Apply([](auto* b) { Args(b, 4096); });
-BENCHMARK(BM_generate_headsum)
-    ->Name("BM_layer_generate/headsum/P:512/T")
-    ->Args({512, 256, 1})->Args({512, 256, 2})
-    ->ArgNames({"", "", "threads"})->UseRealTime()->Unit(benchmark::kMillisecond);
+// Names: BM_layer_prefill/headsum/S:512/threads:1/real_time and so on.
+BENCHMARK(BM_prefill_headsum)->Name("BM_layer_prefill/headsum")->Apply([](auto* b) { Args(b, "S", 512); });
+BENCHMARK(BM_decode_headsum)->Name("BM_layer_decode/headsum")->Apply([](auto* b) { Args(b, "Skv", 4096); });
+BENCHMARK(BM_generate_headsum)->Name("BM_layer_generate/headsum")->Apply(GenerateArgs);
 #if defined(HEADSUM_BENCH_HAVE_ONEDNN)
-BENCHMARK(BM_prefill_onednn)->Name("BM_layer_prefill/onednn/S")->Apply([](auto* b) { Args(b, 512); });
-BENCHMARK(BM_decode_onednn)->Name("BM_layer_decode/onednn/Skv")->Apply([](auto* b) { Args(b, 4096); });
+BENCHMARK(BM_prefill_onednn)->Name("BM_layer_prefill/onednn")->Apply([](auto* b) { Args(b, "S", 512); });
+BENCHMARK(BM_decode_onednn)->Name("BM_layer_decode/onednn")->Apply([](auto* b) { Args(b, "Skv", 4096); });
+BENCHMARK(BM_generate_onednn)->Name("BM_layer_generate/onednn")->Apply(GenerateArgs);
 #endif
 
 BENCHMARK_MAIN();

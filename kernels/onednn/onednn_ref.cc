@@ -7,7 +7,9 @@
 //                  scale and, when causal, a full-size additive mask post-op
 //   SoftmaxV       softmax primitive over the last axis, then batched matmul
 //                  'BGSJ,BJL->BGSL'
-//   Attention      the two composed through a materialized S
+//   Attention      the two composed through a materialized S; an overload
+//                  reads K and V in a cache [B*Hkv][cap][L] with only the
+//                  first Skv tokens of each head filled (batch stride cap*L)
 //
 // GQA needs no copy: the G = H/Hkv query heads of kv head g are consecutive,
 // so Q [B][H][Sq][L] read as [B*Hkv][G*Sq][L] is contiguous, and so are S and O.
@@ -145,13 +147,13 @@ ThreadScratch& Scratch() {
 
 // ---------------------------------------------------------------------------
 // Caches.  Entries are shared_ptr so a call keeps its entry alive even if
-// another thread clears the map meanwhile; the maps are small and cleared
-// wholesale when full (benchmarks and tests revisit a handful of shapes).
+// another thread clears the map meanwhile; the maps are cleared wholesale
+// when they hold kMaxEntries.
 
-template <typename Value>
+template <typename Value, size_t kMaxEntries>
 class ShapeCache {
  public:
-  using Key = std::array<int64_t, 8>;
+  using Key = std::array<int64_t, 9>;
   template <typename Make>
   std::shared_ptr<const Value> GetOrCreate(const Key& key, Make&& make) {
     {
@@ -169,7 +171,6 @@ class ShapeCache {
   }
 
  private:
-  static constexpr size_t kMaxEntries = 64;
   std::mutex mutex_;
   std::map<Key, std::shared_ptr<const Value>> map_;
 };
@@ -189,18 +190,31 @@ std::shared_ptr<const Prim> MakePrim(const PrimitiveDesc& pd) {
   return p;
 }
 
-ShapeCache<Prim>& PrimCache() {
-  static ShapeCache<Prim> cache;
+// Primitives are small (the JIT code and a few descriptors), so this cache
+// is large: a generation loop over a growing KV cache needs three per
+// sequence length (QK^T, softmax, PV; ~770 for prefill 512 + 256 steps at
+// one thread count, twice that for the layer benchmark's 1- and 2-thread
+// rows), and with 2048 entries its steady state finds every one already
+// made.  That is generous to oneDNN: an engine would not keep a primitive
+// per length (it would recreate them, or use runtime dimensions and
+// whatever implementation serves those); here creation is paid once, up
+// front, and the loop measures execution only.
+using PrimShapeCache = ShapeCache<Prim, 2048>;
+PrimShapeCache& PrimCache() {
+  static PrimShapeCache cache;
   return cache;
 }
 
 // The full-size causal mask [B*Hkv][G*Sq][Skv]: 0 where query i (= row % Sq)
-// sees key j, -inf elsewhere.  Not keyed by thread count.
+// sees key j, -inf elsewhere.  Not keyed by thread count (nor by the KV
+// capacity: it covers S only).  Masks are big (B*H*Sq*Skv floats) and only
+// shapes with Sq > 1 need one, so this cache stays small.
 struct Mask {
   std::vector<float> values;
 };
-ShapeCache<Mask>& MaskCache() {
-  static ShapeCache<Mask> cache;
+using MaskShapeCache = ShapeCache<Mask, 64>;
+MaskShapeCache& MaskCache() {
+  static MaskShapeCache cache;
   return cache;
 }
 
@@ -214,14 +228,15 @@ int64_t Batches(const AttnDims& a) { return static_cast<int64_t>(a.batch * a.kv_
 int64_t GroupRows(const AttnDims& a) { return static_cast<int64_t>(a.group() * a.seq_q); }
 
 std::shared_ptr<const Mask> CausalMask(const AttnDims& a) {
-  const ShapeCache<Mask>::Key key{Batches(a),
-                                  GroupRows(a),
-                                  static_cast<int64_t>(a.seq_q),
-                                  static_cast<int64_t>(a.seq_kv),
-                                  0,
-                                  0,
-                                  0,
-                                  0};
+  const MaskShapeCache::Key key{Batches(a),
+                                GroupRows(a),
+                                static_cast<int64_t>(a.seq_q),
+                                static_cast<int64_t>(a.seq_kv),
+                                0,
+                                0,
+                                0,
+                                0,
+                                0};
   return MaskCache().GetOrCreate(key, [&] {
     auto mask = std::make_shared<Mask>();
     const size_t rows = a.batch * a.heads * a.seq_q;  // = Batches * GroupRows
@@ -251,7 +266,7 @@ std::shared_ptr<const Prim> ProjectPrim(const ProjDims& p, bool has_bias) {
   const int64_t m = static_cast<int64_t>(p.batch * p.seq);
   const int64_t k = static_cast<int64_t>(p.inner());
   const int64_t d = static_cast<int64_t>(p.model_dim);
-  const ShapeCache<Prim>::Key key{kProject, m, k, d, has_bias, ScopedThreads::Current(), 0, 0};
+  const PrimShapeCache::Key key{kProject, m, k, d, has_bias, ScopedThreads::Current(), 0, 0, 0};
   return PrimCache().GetOrCreate(key, [&] {
     const memory::desc src({m, k}, kF32, Tag::ab);
     const memory::desc wei({k, d}, kF32, Tag::ab);
@@ -271,20 +286,29 @@ memory::desc ScoresDesc(const AttnDims& a) {
   return memory::desc({Batches(a), GroupRows(a), static_cast<int64_t>(a.seq_kv)}, kF32, Tag::abc);
 }
 
+// K or V of a cache [B*Hkv][cap][L], its first Skv tokens per head: read
+// as K^T [B*Hkv][L][Skv] (transposed) or V [B*Hkv][Skv][L], by strides, no
+// copy.  cap = Skv is the contiguous [B*Hkv][Skv][L].
+memory::desc KvDesc(const AttnDims& a, int64_t cap, bool transposed) {
+  const int64_t batches = Batches(a);
+  const int64_t skv = static_cast<int64_t>(a.seq_kv), l = static_cast<int64_t>(a.head_dim);
+  if (transposed) return memory::desc({batches, l, skv}, kF32, Dims{cap * l, 1, l});
+  return memory::desc({batches, skv, l}, kF32, Dims{cap * l, l, 1});
+}
+
 // S [B*Hkv][G*Sq][Skv] = scale * Q [B*Hkv][G*Sq][L] @ K^T (+ mask).
-std::shared_ptr<const Prim> QkPrim(const AttnDims& a) {
+std::shared_ptr<const Prim> QkPrim(const AttnDims& a, int64_t cap) {
   const int64_t batches = Batches(a), rows = GroupRows(a);
   const int64_t skv = static_cast<int64_t>(a.seq_kv), l = static_cast<int64_t>(a.head_dim);
   const bool masked = MaskHidesSomething(a);
   int64_t scale_bits = 0;
   static_assert(sizeof(float) == 4, "f32");
   std::memcpy(&scale_bits, &a.scale, sizeof(float));
-  const ShapeCache<Prim>::Key key{kQk, batches,    rows,   skv,
-                                  l,   scale_bits, masked, ScopedThreads::Current()};
+  const PrimShapeCache::Key key{kQk,    batches, rows, skv, l, scale_bits,
+                                masked, ScopedThreads::Current(), cap};
   return PrimCache().GetOrCreate(key, [&] {
     const memory::desc q({batches, rows, l}, kF32, Tag::abc);
-    // K [B*Hkv][Skv][L] read as K^T [B*Hkv][L][Skv]: strides, no copy.
-    const memory::desc kt({batches, l, skv}, kF32, Dims{skv * l, 1, l});
+    const memory::desc kt = KvDesc(a, cap, /*transposed=*/true);
     const memory::desc s = ScoresDesc(a);
     dnnl::primitive_attr attr = UserScratchpadAttr();
     attr.set_output_scales(0, {a.scale});  // applied before post-ops
@@ -302,7 +326,7 @@ std::shared_ptr<const Prim> QkPrim(const AttnDims& a) {
 std::shared_ptr<const Prim> SoftmaxPrim(const AttnDims& a) {
   const int64_t rows = static_cast<int64_t>(a.batch * a.heads * a.seq_q);
   const int64_t skv = static_cast<int64_t>(a.seq_kv);
-  const ShapeCache<Prim>::Key key{kSoftmax, rows, skv, ScopedThreads::Current(), 0, 0, 0, 0};
+  const PrimShapeCache::Key key{kSoftmax, rows, skv, ScopedThreads::Current(), 0, 0, 0, 0, 0};
   return PrimCache().GetOrCreate(key, [&] {
     const memory::desc md({rows, skv}, kF32, Tag::ab);
     return MakePrim<dnnl::softmax_forward>(dnnl::softmax_forward::primitive_desc(
@@ -311,14 +335,15 @@ std::shared_ptr<const Prim> SoftmaxPrim(const AttnDims& a) {
   });
 }
 
-// O [B*Hkv][G*Sq][L] = P [B*Hkv][G*Sq][Skv] @ V [B*Hkv][Skv][L].
-std::shared_ptr<const Prim> PvPrim(const AttnDims& a) {
+// O [B*Hkv][G*Sq][L] = P [B*Hkv][G*Sq][Skv] @ V [B*Hkv][Skv][L] (of a cache
+// [B*Hkv][cap][L]).
+std::shared_ptr<const Prim> PvPrim(const AttnDims& a, int64_t cap) {
   const int64_t batches = Batches(a), rows = GroupRows(a);
   const int64_t skv = static_cast<int64_t>(a.seq_kv), l = static_cast<int64_t>(a.head_dim);
-  const ShapeCache<Prim>::Key key{kPv, batches, rows, skv, l, ScopedThreads::Current(), 0, 0};
+  const PrimShapeCache::Key key{kPv, batches, rows, skv, l, ScopedThreads::Current(), cap, 0, 0};
   return PrimCache().GetOrCreate(key, [&] {
     const memory::desc p = ScoresDesc(a);
-    const memory::desc v({batches, skv, l}, kF32, Tag::abc);
+    const memory::desc v = KvDesc(a, cap, /*transposed=*/false);
     const memory::desc o({batches, rows, l}, kF32, Tag::abc);
     return MakePrim<dnnl::matmul>(dnnl::matmul::primitive_desc(dnnl::matmul::desc(p, v, o),
                                                                UserScratchpadAttr(), CpuEngine()));
@@ -352,27 +377,28 @@ struct AttnPrims {
   std::shared_ptr<const Mask> mask;  // null when the mask hides nothing
 };
 
-AttnPrims GetAttnPrims(const AttnDims& a, bool qk, bool softmax_v) {
+AttnPrims GetAttnPrims(const AttnDims& a, int64_t cap, bool qk, bool softmax_v) {
   AttnPrims prims;
   if (qk) {
-    prims.qk = QkPrim(a);
+    prims.qk = QkPrim(a, cap);
     if (MaskHidesSomething(a)) prims.mask = CausalMask(a);
   }
   if (softmax_v) {
     prims.softmax = SoftmaxPrim(a);
-    prims.pv = PvPrim(a);
+    prims.pv = PvPrim(a, cap);
   }
   return prims;
 }
 
-// s = scale * Q K^T (+ mask).
-void RunQk(const AttnPrims& prims, const AttnDims& a, const float* q, const float* k, float* s) {
+// s = scale * Q K^T (+ mask), K in a cache of `cap` tokens per head.
+void RunQk(const AttnPrims& prims, const AttnDims& a, int64_t cap, const float* q, const float* k,
+           float* s) {
   const int64_t batches = Batches(a), rows = GroupRows(a);
-  const int64_t skv = static_cast<int64_t>(a.seq_kv), l = static_cast<int64_t>(a.head_dim);
+  const int64_t l = static_cast<int64_t>(a.head_dim);
   const memory::desc s_md = ScoresDesc(a);
   std::unordered_map<int, memory> args{
       {DNNL_ARG_SRC, Wrap(memory::desc({batches, rows, l}, kF32, Tag::abc), q)},
-      {DNNL_ARG_WEIGHTS, Wrap(memory::desc({batches, l, skv}, kF32, Dims{skv * l, 1, l}), k)},
+      {DNNL_ARG_WEIGHTS, Wrap(KvDesc(a, cap, /*transposed=*/true), k)},
       {DNNL_ARG_DST, Wrap(s_md, s)}};
   if (prims.mask) {
     args.emplace(DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1,
@@ -403,12 +429,13 @@ void RunSoftmax(const AttnPrims& prims, const AttnDims& a, const float* s, float
   for (const int64_t r : empty_rows) std::fill(p + r * cols, p + (r + 1) * cols, 0.0f);
 }
 
-// out = p V.
-void RunPv(const AttnPrims& prims, const AttnDims& a, const float* p, const float* v, float* out) {
+// out = p V, V in a cache of `cap` tokens per head.
+void RunPv(const AttnPrims& prims, const AttnDims& a, int64_t cap, const float* p, const float* v,
+           float* out) {
   const int64_t batches = Batches(a), rows = GroupRows(a);
-  const int64_t skv = static_cast<int64_t>(a.seq_kv), l = static_cast<int64_t>(a.head_dim);
+  const int64_t l = static_cast<int64_t>(a.head_dim);
   Execute(*prims.pv, {{DNNL_ARG_SRC, Wrap(ScoresDesc(a), p)},
-                      {DNNL_ARG_WEIGHTS, Wrap(memory::desc({batches, skv, l}, kF32, Tag::abc), v)},
+                      {DNNL_ARG_WEIGHTS, Wrap(KvDesc(a, cap, /*transposed=*/false), v)},
                       {DNNL_ARG_DST, Wrap(memory::desc({batches, rows, l}, kF32, Tag::abc), out)}});
 }
 
@@ -482,15 +509,17 @@ headsum_status ConcatProject(const ProjDims& p, const float* heads, const float*
 headsum_status QkScores(const AttnDims& a, const float* q, const float* k, float* scores,
                         int num_threads) {
   return Guarded(num_threads, [&] {
-    const AttnPrims prims = GetAttnPrims(a, /*qk=*/true, /*softmax_v=*/false);
-    RunQk(prims, a, q, k, scores);
+    const int64_t cap = static_cast<int64_t>(a.seq_kv);
+    const AttnPrims prims = GetAttnPrims(a, cap, /*qk=*/true, /*softmax_v=*/false);
+    RunQk(prims, a, cap, q, k, scores);
   });
 }
 
 headsum_status SoftmaxV(const AttnDims& a, const float* scores, const float* v, float* out,
                         int num_threads) {
   return Guarded(num_threads, [&] {
-    const AttnPrims prims = GetAttnPrims(a, /*qk=*/false, /*softmax_v=*/true);
+    const int64_t cap = static_cast<int64_t>(a.seq_kv);
+    const AttnPrims prims = GetAttnPrims(a, cap, /*qk=*/false, /*softmax_v=*/true);
     const size_t cols = a.seq_kv;
     const size_t rows = a.batch * a.heads * a.seq_q;
     float* p = Scratch().data.Floats(rows * cols);
@@ -509,26 +538,37 @@ headsum_status SoftmaxV(const AttnDims& a, const float* scores, const float* v, 
       src = p;  // softmax in place
     }
     RunSoftmax(prims, a, src, p);
-    RunPv(prims, a, p, v, out);
+    RunPv(prims, a, cap, p, v, out);
   });
 }
 
 headsum_status Attention(const AttnDims& a, const float* q, const float* k, const float* v,
                          float* out, int num_threads) {
+  return Attention(a, a.seq_kv, q, k, v, out, num_threads);
+}
+
+headsum_status Attention(const AttnDims& a, size_t kv_capacity, const float* q, const float* k,
+                         const float* v, float* out, int num_threads) {
+  if (kv_capacity < a.seq_kv) {
+    SetErrorDetail("", "kv_capacity < seq_kv");
+    return HEADSUM_ERR_INVALID_ARGUMENT;
+  }
   return Guarded(num_threads, [&] {
-    const AttnPrims prims = GetAttnPrims(a, /*qk=*/true, /*softmax_v=*/true);
+    const int64_t cap = static_cast<int64_t>(kv_capacity);
+    const AttnPrims prims = GetAttnPrims(a, cap, /*qk=*/true, /*softmax_v=*/true);
     float* s = Scratch().data.Floats(a.batch * a.heads * a.seq_q * a.seq_kv);
-    RunQk(prims, a, q, k, s);
+    RunQk(prims, a, cap, q, k, s);
     RunSoftmax(prims, a, s, s);
-    RunPv(prims, a, s, v, out);
+    RunPv(prims, a, cap, s, v, out);
   });
 }
 
 std::string DescribeImpls(const AttnDims& a, const ProjDims& p, int num_threads) {
   try {
     ScopedThreads threads(num_threads);
-    return "qk_matmul=" + QkPrim(a)->impl + " softmax=" + SoftmaxPrim(a)->impl +
-           " pv_matmul=" + PvPrim(a)->impl + " project_matmul=" + ProjectPrim(p, true)->impl;
+    const int64_t cap = static_cast<int64_t>(a.seq_kv);
+    return "qk_matmul=" + QkPrim(a, cap)->impl + " softmax=" + SoftmaxPrim(a)->impl +
+           " pv_matmul=" + PvPrim(a, cap)->impl + " project_matmul=" + ProjectPrim(p, true)->impl;
   } catch (const std::exception& e) {
     return std::string("error: ") + e.what();
   }

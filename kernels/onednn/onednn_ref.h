@@ -26,6 +26,14 @@ headsum_status SoftmaxV(const AttnDims& a, const float* scores, const float* v, 
 // out = softmax(scale Q K^T + mask) V, composed from oneDNN primitives.
 headsum_status Attention(const AttnDims& a, const float* q, const float* k, const float* v,
                          float* out, int num_threads);
+// The same over a KV cache that holds room for kv_capacity >= a.seq_kv
+// tokens per kv head: K and V are [B][Hkv][kv_capacity][L] of which only the
+// first a.seq_kv tokens of each head are read (the rest may hold anything,
+// NaN included).  kv_capacity = a.seq_kv is the contiguous Attention above.
+// Not in the C API: the layer benchmark's oneDNN-composed generation loop
+// uses it to attend over its growing cache in place.
+headsum_status Attention(const AttnDims& a, size_t kv_capacity, const float* q, const float* k,
+                         const float* v, float* out, int num_threads);
 
 // Which oneDNN implementation serves each step at this shape and thread
 // count (impl_info_str, e.g. "brg:avx512_core"; "ref:any" would mean oneDNN's
