@@ -22,6 +22,8 @@ namespace headsum {
 HWY_EXPORT(SumHeadsTile);
 HWY_EXPORT(ChainTile);
 HWY_EXPORT(ChainScratch);
+HWY_EXPORT(WidenPanel);
+HWY_EXPORT(PanelFloats);
 HWY_EXPORT(ContributionNormsRows);
 HWY_EXPORT(NormsScratch);
 HWY_EXPORT(ProjectWeightsOntoDirections);
@@ -35,6 +37,10 @@ constexpr size_t kRowBlock = 48;
 // Columns of Y per work item, so that small S still splits across threads
 // (a multiple of every target's 2-vector tile).
 constexpr size_t kColBlock = 128;
+// Rows of an item from which the plain call copies each Wo panel into
+// contiguous f32 scratch before its rows run over it (WidenPanel): the copy
+// reads the panel once; fewer rows (a decode step) read Wo in place.
+constexpr size_t kPackPanelRows = 8;
 
 size_t CeilDiv(size_t a, size_t b) { return (a + b - 1) / b; }
 
@@ -97,8 +103,13 @@ headsum_status ChainedSum(const ProjDims& p, const TensorView& heads, const WoSo
   const size_t groups = HWY_MIN(panels, CeilDiv(4 * threads, blocks));
   const size_t per_group = CeilDiv(panels, groups);
   const size_t bytes = DTypeBytes(wo.dtype);
-  return ParallelItems(blocks * groups,
-                       HWY_DISPATCH_TABLE(ChainScratch)[t](p, heads.dtype, y.dtype),
+  const bool copies_panels = !wo.packed && HWY_MIN(mc, p.seq) >= kPackPanelRows;
+  const auto widen_panel = HWY_DISPATCH_TABLE(WidenPanel)[t];
+  // The panel copy after the kernel's own scratch, on a 64-byte boundary.
+  const size_t chain_floats = (HWY_DISPATCH_TABLE(ChainScratch)[t](p, heads.dtype, y.dtype) + 15) /
+                              16 * 16;
+  const size_t panel_floats = copies_panels ? HWY_DISPATCH_TABLE(PanelFloats)[t](p) : 0;
+  return ParallelItems(blocks * groups, chain_floats + panel_floats,
                        [&](size_t item, float* scratch) {
     const size_t group = item % groups, block = item / groups;
     const size_t b = block / row_blocks, r0 = block % row_blocks * mc;
@@ -108,9 +119,17 @@ headsum_status ChainedSum(const ProjDims& p, const TensorView& heads, const WoSo
       const size_t c0 = panel * kWoPanelCols, c1 = HWY_MIN(c0 + kWoPanelCols, p.model_dim);
       const char* base = static_cast<const char*>(wo.data);
       const void* wo_c0 = wo.packed ? base + c0 * p.inner() * bytes : base + c0 * bytes;
-      const size_t ldw = wo.packed ? c1 - c0 : wo.stride;
+      size_t ldw = wo.packed ? c1 - c0 : wo.stride;
+      DType wo_dtype = wo.dtype;
+      if (copies_panels) {
+        float* panel_f32 = scratch + chain_floats;
+        widen_panel(p, wo_c0, wo.dtype, wo.stride, c1 - c0, panel_f32);
+        wo_c0 = panel_f32;
+        wo_dtype = DType::kF32;
+        ldw = c1 - c0;
+      }
       for (size_t s0 = r0; s0 < r1; s0 += kChainRows) {
-        kernel(p, heads, wo_c0, wo.dtype, ldw, bias, y, b, s0, HWY_MIN(s0 + kChainRows, r1), c0,
+        kernel(p, heads, wo_c0, wo_dtype, ldw, bias, y, b, s0, HWY_MIN(s0 + kChainRows, r1), c0,
                c1, scratch);
       }
     }

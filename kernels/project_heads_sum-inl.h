@@ -155,6 +155,34 @@ inline void ChainTile(const ProjDims& p, const TensorView& heads, const void* wo
   });
 }
 
+// Floats of one Wo panel widened to f32, [H*L][kWoPanelCols]: the plain
+// call's copy of a panel per work item (dispatch/projection.cc says when).
+inline size_t PanelFloats(const ProjDims& p) { return p.inner() * kWoPanelCols; }
+
+// Every row of Wo's columns [c0, c0 + width) (wo_c0 at column c0 of row 0,
+// dtype t, row stride ldw elements) into dst as f32 rows of `width` floats:
+// one contiguous panel, read by ChainTile with ldw = width.  Rows of Wo in
+// place are D floats apart, so a 6-row tile's 512 loads of B per column
+// block fall into a few L1 sets (2 KiB apart at D = 512) and come from L2;
+// the panel's rows are adjacent.  Widening is exact: the same bits as
+// reading the 16-bit Wo in place.
+inline void WidenPanel(const ProjDims& p, const void* wo_c0, DType t, size_t ldw, size_t width,
+                       float* HWY_RESTRICT dst) {
+  // Rows 2 KiB apart start no hardware stream: each row is asked for 8 rows
+  // ahead of its copy.
+  constexpr size_t kAhead = 24;
+  const char* src = static_cast<const char*>(wo_c0);
+  const size_t rows = p.inner(), bytes = DTypeBytes(t), row_bytes = width * bytes;
+  for (size_t k = 0; k < rows; ++k) {
+    if (k + kAhead < rows) {
+      const char* ahead = src + (k + kAhead) * ldw * bytes;
+      for (size_t i = 0; i < row_bytes; i += 64) hwy::Prefetch(ahead + i);
+      hwy::Prefetch(ahead + row_bytes - 1);
+    }
+    ConvertRow(src + k * ldw * bytes, t, width, dst + k * width, DType::kF32);
+  }
+}
+
 // Floats of scratch ContributionNormsRows needs: one tile of contributions.
 inline size_t NormsScratch(const ProjDims& p) { return kTileRows * p.model_dim; }
 
