@@ -247,30 +247,20 @@ HWY_INLINE void MatMulRows(size_t cols, size_t K, const float* HWY_RESTRICT a,
   for (; col + kVecs * N <= cols; col += kVecs * N) {
     MicroTile<kRows, kVecs>(d, K, a, lda, ka, b, ldb, col, epilogue, chain);
   }
-  if constexpr (kVecs > 5) {
-    if (col + 5 * N <= cols) {
-      MicroTile<kRows, 5>(d, K, a, lda, ka, b, ldb, col, epilogue, chain);
-      col += 5 * N;
+  // Then one narrower tile of each width down to two vectors, as needed.
+  const auto narrower = [&](auto width) {
+    constexpr size_t kWidth = decltype(width)::value;
+    if constexpr (kVecs > kWidth) {
+      if (col + kWidth * N <= cols) {
+        MicroTile<kRows, kWidth>(d, K, a, lda, ka, b, ldb, col, epilogue, chain);
+        col += kWidth * N;
+      }
     }
-  }
-  if constexpr (kVecs > 4) {
-    if (col + 4 * N <= cols) {
-      MicroTile<kRows, 4>(d, K, a, lda, ka, b, ldb, col, epilogue, chain);
-      col += 4 * N;
-    }
-  }
-  if constexpr (kVecs > 3) {
-    if (col + 3 * N <= cols) {
-      MicroTile<kRows, 3>(d, K, a, lda, ka, b, ldb, col, epilogue, chain);
-      col += 3 * N;
-    }
-  }
-  if constexpr (kVecs > 2) {
-    if (col + 2 * N <= cols) {
-      MicroTile<kRows, 2>(d, K, a, lda, ka, b, ldb, col, epilogue, chain);
-      col += 2 * N;
-    }
-  }
+  };
+  narrower(std::integral_constant<size_t, 5>());
+  narrower(std::integral_constant<size_t, 4>());
+  narrower(std::integral_constant<size_t, 3>());
+  narrower(std::integral_constant<size_t, 2>());
   for (; col + N <= cols; col += N) {
     MicroTile<kRows, 1>(d, K, a, lda, ka, b, ldb, col, epilogue, chain);
   }
