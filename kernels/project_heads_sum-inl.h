@@ -168,8 +168,8 @@ inline size_t PanelFloats(const ProjDims& p) { return p.inner() * kWoPanelCols; 
 // reading the 16-bit Wo in place.
 inline void WidenPanel(const ProjDims& p, const void* wo_c0, DType t, size_t ldw, size_t width,
                        float* HWY_RESTRICT dst) {
-  // Rows 2 KiB apart start no hardware stream: each row is asked for 8 rows
-  // ahead of its copy.
+  // Rows 2 KiB apart start no hardware stream: each row is asked for 24 rows
+  // ahead of its copy (8 and 24 measured alike on Zen 1).
   constexpr size_t kAhead = 24;
   const char* src = static_cast<const char*>(wo_c0);
   const size_t rows = p.inner(), bytes = DTypeBytes(t), row_bytes = width * bytes;
