@@ -77,7 +77,7 @@ struct KSegments {
 // of B, where widening a vector alone takes two (zero-extend, shift).  The
 // accumulators then hold the pair's columns deinterleaved (even, odd), and
 // the tile interleaves them back once, after the whole product.
-template <class D, class TB>
+template <class TB>
 constexpr bool kLoadsBf16Pairs =
     std::is_same<TB, hwy::bfloat16_t>::value && HWY_TARGET != HWY_SCALAR;
 
@@ -107,9 +107,9 @@ HWY_INLINE void MicroTile(D d, size_t K, const float* HWY_RESTRICT a, size_t lda
   V i0 = hn::Zero(d), i1 = hn::Zero(d), i2 = hn::Zero(d), i3 = hn::Zero(d);
   V i4 = hn::Zero(d), i5 = hn::Zero(d);
   // bf16 B: vectors (0, 1), (2, 3), (4, 5) as deinterleaved pairs.
-  constexpr bool kPair01 = kLoadsBf16Pairs<D, TB> && kVecs > 1;
-  constexpr bool kPair23 = kLoadsBf16Pairs<D, TB> && kVecs > 3;
-  constexpr bool kPair45 = kLoadsBf16Pairs<D, TB> && kVecs > 5;
+  constexpr bool kPair01 = kLoadsBf16Pairs<TB> && kVecs > 1;
+  constexpr bool kPair23 = kLoadsBf16Pairs<TB> && kVecs > 3;
+  constexpr bool kPair45 = kLoadsBf16Pairs<TB> && kVecs > 5;
   if (chain.init != nullptr && kPair01) {
     hn::LoadInterleaved2(d, chain.init + col, i0, i1);
     if constexpr (kVecs == 3) i2 = hn::LoadU(d, chain.init + col + 2 * N);
