@@ -338,14 +338,73 @@ inline void RowByDot(const AttnDims& a, const float* HWY_RESTRICT q_i, const KvR
   }
 }
 
+// Makes the compiler hold these vectors in registers.  GCC otherwise folds a
+// vector's load into each FMA that uses it: in the grouped scores' loop
+// every Q vector was loaded twice (10 loads per 8 FMAs), and Zen 1 does one
+// 256-bit load per cycle, so the loop waited on loads, not on the FMAs.
+template <class V>
+HWY_INLINE void KeepInRegister(V& v) {
+#if HWY_ARCH_X86 && HWY_TARGET != HWY_SCALAR && (defined(__GNUC__) || defined(__clang__))
+  __asm__("" : "+x"(v.raw));
+#else
+  (void)v;
+#endif
+}
+
+// out[k] = the sum of the lanes of v_k, k = 0..7 (eight dot products'
+// accumulators).  On x86 a transposing tree of horizontal adds reduces all
+// eight at once (9 shuffles/adds on AVX2 instead of 8 full reductions of ~6
+// each, which cost as much as the products in a grouped decode step); the
+// sums are then per 128-bit block, added last.  Elsewhere: SumOfLanes each.
+template <class D, class V>
+HWY_INLINE void StoreSumsOfLanes8(D d, V v0, V v1, V v2, V v3, V v4, V v5, V v6, V v7,
+                                  float* HWY_RESTRICT out) {
+#if HWY_ARCH_X86 && (HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_AVX3 || \
+                     HWY_TARGET == HWY_AVX3_DL)
+  if constexpr (hn::MaxLanes(d) >= 8) {
+    __m256 w0, w1, w2, w3, w4, w5, w6, w7;
+    if constexpr (hn::MaxLanes(d) == 16) {  // AVX3: add the 256-bit halves first
+      const hn::Half<D> dh;
+      const auto fold = [&](V v) { return hn::Add(hn::LowerHalf(dh, v), hn::UpperHalf(dh, v)).raw; };
+      w0 = fold(v0), w1 = fold(v1), w2 = fold(v2), w3 = fold(v3);
+      w4 = fold(v4), w5 = fold(v5), w6 = fold(v6), w7 = fold(v7);
+    } else {
+      w0 = v0.raw, w1 = v1.raw, w2 = v2.raw, w3 = v3.raw;
+      w4 = v4.raw, w5 = v5.raw, w6 = v6.raw, w7 = v7.raw;
+    }
+    // Per block: [s0 s1 s2 s3] of its four lanes of w0..w3, and of w4..w7.
+    const __m256 a = _mm256_hadd_ps(_mm256_hadd_ps(w0, w1), _mm256_hadd_ps(w2, w3));
+    const __m256 b = _mm256_hadd_ps(_mm256_hadd_ps(w4, w5), _mm256_hadd_ps(w6, w7));
+    _mm256_storeu_ps(out, _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20),
+                                        _mm256_permute2f128_ps(a, b, 0x31)));
+    return;
+  }
+#elif HWY_ARCH_X86 && (HWY_TARGET == HWY_SSE4 || HWY_TARGET == HWY_SSSE3)
+  if constexpr (hn::MaxLanes(d) == 4) {
+    _mm_storeu_ps(out, _mm_hadd_ps(_mm_hadd_ps(v0.raw, v1.raw), _mm_hadd_ps(v2.raw, v3.raw)));
+    _mm_storeu_ps(out + 4,
+                  _mm_hadd_ps(_mm_hadd_ps(v4.raw, v5.raw), _mm_hadd_ps(v6.raw, v7.raw)));
+    return;
+  }
+#endif
+  out[0] = hn::GetLane(hn::SumOfLanes(d, v0));
+  out[1] = hn::GetLane(hn::SumOfLanes(d, v1));
+  out[2] = hn::GetLane(hn::SumOfLanes(d, v2));
+  out[3] = hn::GetLane(hn::SumOfLanes(d, v3));
+  out[4] = hn::GetLane(hn::SumOfLanes(d, v4));
+  out[5] = hn::GetLane(hn::SumOfLanes(d, v5));
+  out[6] = hn::GetLane(hn::SumOfLanes(d, v6));
+  out[7] = hn::GetLane(hn::SumOfLanes(d, v7));
+}
+
 // Query rows that see the same keys, kGroupRows at a time, on dot products
 // (the query heads of a GQA/MQA decode step: H/Hkv rows over one kv head's
 // cache).  Each K and V row is read once for the rows of a group, in place
 // in its own element type (16-bit widened in registers), and prefetched
 // ahead: no K^T packing, which costs as much as the products at this size.
 //   scores: per key, each K vector is multiplied into the rows' accumulators
-//           (two keys at a time: 2 x kGroupRows independent chains), reduced
-//           across the lanes once per (row, key);
+//           (two keys at a time: 2 x kGroupRows independent chains), the
+//           eight reduced across the lanes together (StoreSumsOfLanes8);
 //   P V:    per block of columns, each V vector is loaded once and added into
 //           every row's accumulators, kept in registers over the tile.
 constexpr size_t kGroupRows = 4;
@@ -383,8 +442,12 @@ HWY_NOINLINE void FlashAttentionGroupByDot(const AttnDims& a, const float* HWY_R
       auto a10 = hn::Zero(d), a11 = hn::Zero(d), a12 = hn::Zero(d), a13 = hn::Zero(d);
       for (size_t c = 0; c < lv; c += N) {
         const auto x0 = LoadF32(d, k0 + c), x1 = LoadF32(d, k1 + c);
-        const auto q0 = hn::LoadU(d, q_blk + c), q1 = hn::LoadU(d, q_blk + ldq + c);
-        const auto q2 = hn::LoadU(d, q_blk + 2 * ldq + c), q3 = hn::LoadU(d, q_blk + 3 * ldq + c);
+        auto q0 = hn::LoadU(d, q_blk + c), q1 = hn::LoadU(d, q_blk + ldq + c);
+        auto q2 = hn::LoadU(d, q_blk + 2 * ldq + c), q3 = hn::LoadU(d, q_blk + 3 * ldq + c);
+        KeepInRegister(q0);
+        KeepInRegister(q1);
+        KeepInRegister(q2);
+        KeepInRegister(q3);
         a00 = hn::MulAdd(q0, x0, a00);
         a01 = hn::MulAdd(q1, x0, a01);
         a02 = hn::MulAdd(q2, x0, a02);
@@ -394,10 +457,10 @@ HWY_NOINLINE void FlashAttentionGroupByDot(const AttnDims& a, const float* HWY_R
         a12 = hn::MulAdd(q2, x1, a12);
         a13 = hn::MulAdd(q3, x1, a13);
       }
-      float s0[R] = {hn::GetLane(hn::SumOfLanes(d, a00)), hn::GetLane(hn::SumOfLanes(d, a01)),
-                     hn::GetLane(hn::SumOfLanes(d, a02)), hn::GetLane(hn::SumOfLanes(d, a03))};
-      float s1[R] = {hn::GetLane(hn::SumOfLanes(d, a10)), hn::GetLane(hn::SumOfLanes(d, a11)),
-                     hn::GetLane(hn::SumOfLanes(d, a12)), hn::GetLane(hn::SumOfLanes(d, a13))};
+      HWY_ALIGN float s01[2 * R];
+      StoreSumsOfLanes8(d, a00, a01, a02, a03, a10, a11, a12, a13, s01);
+      float* s0 = s01;
+      float* s1 = s01 + R;
       const hn::CappedTag<float, 1> d1;
       for (size_t c = lv; c < L; ++c) {
         const float x0 = hn::GetLane(LoadF32(d1, k0 + c)), x1 = hn::GetLane(LoadF32(d1, k1 + c));
@@ -476,19 +539,24 @@ HWY_NOINLINE void FlashAttentionGroupByDot(const AttnDims& a, const float* HWY_R
       auto o00 = hn::Zero(d), o01 = hn::Zero(d), o10 = hn::Zero(d), o11 = hn::Zero(d);
       auto o20 = hn::Zero(d), o21 = hn::Zero(d), o30 = hn::Zero(d), o31 = hn::Zero(d);
       const T* HWY_RESTRICT v_c = v_tile + c;
-      for (size_t jj = 0; jj < nj; ++jj, v_c += ldv) {
+      const float* HWY_RESTRICT p_r = s_rows;
+      // One weight register at a time (8 accumulators + 2 V vectors + 1):
+      // with all four weights live GCC spilled an accumulator to the stack
+      // and the loop ran at the store-to-load latency.
+      for (size_t jj = 0; jj < nj; ++jj, v_c += ldv, ++p_r) {
         const auto x0 = LoadF32(d, v_c), x1 = LoadF32(d, v_c + N);
-        const auto p0 = hn::Set(d, s_rows[jj]), p1 = hn::Set(d, s_rows[kDotKeyTile + jj]);
-        const auto p2 = hn::Set(d, s_rows[2 * kDotKeyTile + jj]);
-        const auto p3 = hn::Set(d, s_rows[3 * kDotKeyTile + jj]);
-        o00 = hn::MulAdd(p0, x0, o00);
-        o01 = hn::MulAdd(p0, x1, o01);
-        o10 = hn::MulAdd(p1, x0, o10);
-        o11 = hn::MulAdd(p1, x1, o11);
-        o20 = hn::MulAdd(p2, x0, o20);
-        o21 = hn::MulAdd(p2, x1, o21);
-        o30 = hn::MulAdd(p3, x0, o30);
-        o31 = hn::MulAdd(p3, x1, o31);
+        auto p = hn::Set(d, p_r[0]);
+        o00 = hn::MulAdd(p, x0, o00);
+        o01 = hn::MulAdd(p, x1, o01);
+        p = hn::Set(d, p_r[kDotKeyTile]);
+        o10 = hn::MulAdd(p, x0, o10);
+        o11 = hn::MulAdd(p, x1, o11);
+        p = hn::Set(d, p_r[2 * kDotKeyTile]);
+        o20 = hn::MulAdd(p, x0, o20);
+        o21 = hn::MulAdd(p, x1, o21);
+        p = hn::Set(d, p_r[3 * kDotKeyTile]);
+        o30 = hn::MulAdd(p, x0, o30);
+        o31 = hn::MulAdd(p, x1, o31);
       }
       const auto put = [&](size_t r, decltype(o00) lo, decltype(o00) hi) {
         if (!use[r]) return;
