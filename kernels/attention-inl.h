@@ -344,8 +344,10 @@ inline void RowByDot(const AttnDims& a, const float* HWY_RESTRICT q_i, const KvR
 // 256-bit load per cycle, so the loop waited on loads, not on the FMAs.
 template <class V>
 HWY_INLINE void KeepInRegister(V& v) {
-#if HWY_ARCH_X86 && HWY_TARGET != HWY_SCALAR && (defined(__GNUC__) || defined(__clang__))
-  __asm__("" : "+x"(v.raw));
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_SSSE3 && (defined(__GNUC__) || defined(__clang__))
+  auto raw = v.raw;  // a local: clang cannot tie a member reached through a reference
+  __asm__("" : "+x"(raw));
+  v.raw = raw;
 #else
   (void)v;
 #endif
