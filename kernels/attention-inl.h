@@ -750,14 +750,18 @@ inline void FlashAttentionRows(const AttnDims& a, const AttnViews& views, size_t
     const auto store_s = [&](auto d, size_t j, size_t c, auto acc) {
       hn::StoreU(acc, d, f.s_t + j * ldw + c);
     };
-    if (kTileVecs == 2 && cols == 3 * lanes) {
-      // Three vectors of query lanes (17-24 rows on AVX2, the seed's 20):
-      // 4 x 3 tiles, 3 loads and 4 broadcasts per 12 FMAs, instead of a
-      // 6 x 2 tile and a 6 x 1 one (7 loads per 6 FMAs).
-      MatMul<4, 3>(nj, cols, L, k_tile, ldk, f.q_t, ldw, store_s);
-    } else {
-      MatMul(nj, cols, L, k_tile, ldk, f.q_t, ldw, store_s);
+    // Three vectors of query lanes (17-24 rows on AVX2, the seed's 20): 4 x 3
+    // tiles, 3 loads and 4 broadcasts per 12 FMAs, instead of a 6 x 2 tile
+    // and a 6 x 1 one (7 loads per 6 FMAs).  Not compiled for SCALAR's
+    // one-vector tiles.
+    bool tiled_4x3 = false;
+    if constexpr (kTileVecs == 2) {
+      if (cols == 3 * lanes) {
+        MatMul<4, 3>(nj, cols, L, k_tile, ldk, f.q_t, ldw, store_s);
+        tiled_4x3 = true;
+      }
     }
+    if (!tiled_4x3) MatMul(nj, cols, L, k_tile, ldk, f.q_t, ldw, store_s);
     // Keys of this tile each row sees; on the causal diagonal the rest are -inf.
     for (size_t r = 0; r < rows; ++r) {
       const size_t visible = a.visible_keys(i0 + r);
