@@ -23,6 +23,7 @@ HWY_EXPORT(SumHeadsTile);
 HWY_EXPORT(ChainTile);
 HWY_EXPORT(ChainScratch);
 HWY_EXPORT(WidenPanel);
+HWY_EXPORT(CanPackWhileReading);
 HWY_EXPORT(PanelFloats);
 HWY_EXPORT(ContributionNormsRows);
 HWY_EXPORT(NormsScratch);
@@ -105,6 +106,7 @@ headsum_status ChainedSum(const ProjDims& p, const TensorView& heads, const WoSo
   const size_t bytes = DTypeBytes(wo.dtype);
   const bool copies_panels = !wo.packed && HWY_MIN(mc, p.seq) >= kPackPanelRows;
   const auto widen_panel = HWY_DISPATCH_TABLE(WidenPanel)[t];
+  const bool packs_while_reading = HWY_DISPATCH_TABLE(CanPackWhileReading)[t](wo.dtype);
   // The panel copy after the kernel's own scratch, on a 64-byte boundary.
   const size_t chain_floats = (HWY_DISPATCH_TABLE(ChainScratch)[t](p, heads.dtype, y.dtype) + 15) /
                               16 * 16;
@@ -114,6 +116,8 @@ headsum_status ChainedSum(const ProjDims& p, const TensorView& heads, const WoSo
     const size_t group = item % groups, block = item / groups;
     const size_t b = block / row_blocks, r0 = block % row_blocks * mc;
     const size_t r1 = HWY_MIN(r0 + mc, p.seq);
+    // A block of a few rows (the last of a sequence) reads Wo in place.
+    const bool copies = copies_panels && r1 - r0 >= kPackPanelRows;
     const size_t panel_end = HWY_MIN((group + 1) * per_group, panels);
     for (size_t panel = group * per_group; panel < panel_end; ++panel) {
       const size_t c0 = panel * kWoPanelCols, c1 = HWY_MIN(c0 + kWoPanelCols, p.model_dim);
@@ -121,16 +125,24 @@ headsum_status ChainedSum(const ProjDims& p, const TensorView& heads, const WoSo
       const void* wo_c0 = wo.packed ? base + c0 * p.inner() * bytes : base + c0 * bytes;
       size_t ldw = wo.packed ? c1 - c0 : wo.stride;
       DType wo_dtype = wo.dtype;
-      if (copies_panels) {
-        float* panel_f32 = scratch + chain_floats;
+      float* panel_f32 = scratch + chain_floats;
+      size_t s0 = r0;
+      if (copies && packs_while_reading) {
+        // The first tile of rows reads Wo in place and fills the panel.
+        const size_t s1 = HWY_MIN(s0 + kChainRows, r1);
+        kernel(p, heads, wo_c0, wo_dtype, ldw, bias, y, b, s0, s1, c0, c1, scratch, panel_f32);
+        s0 = s1;
+      } else if (copies) {
         widen_panel(p, wo_c0, wo.dtype, wo.stride, c1 - c0, panel_f32);
+      }
+      if (copies) {
         wo_c0 = panel_f32;
         wo_dtype = DType::kF32;
         ldw = c1 - c0;
       }
-      for (size_t s0 = r0; s0 < r1; s0 += kChainRows) {
+      for (; s0 < r1; s0 += kChainRows) {
         kernel(p, heads, wo_c0, wo_dtype, ldw, bias, y, b, s0, HWY_MIN(s0 + kChainRows, r1), c0,
-               c1, scratch);
+               c1, scratch, nullptr);
       }
     }
   });

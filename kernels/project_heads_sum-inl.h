@@ -83,13 +83,17 @@ inline size_t ChainScratch(const ProjDims& p, DType o, DType y) {
 // one packed panel (ldw = the panel's width, c1 - c0 within it); a 16-bit Wo
 // is widened in registers as it is loaded.  O and Y are views (any dtype):
 // f32 O is read in place, 16-bit O widened into scratch; a 16-bit Y tile is
-// computed in f32 and rounded once.
+// computed in f32 and rounded once.  pack_into (when not null, and
+// CanPackWhileReading(wo dtype)): Wo's columns [c0, c1) are also copied, as
+// f32 rows of c1 - c0 floats, into that panel by the first row tile, which
+// reads Wo in place; the other row tiles read the panel (MatMulPackingB),
+// and so can the caller's next tiles of rows.
 template <class TB>
 HWY_INLINE void ChainTileT(const ProjDims& p, const TensorView& heads,
                            const TB* HWY_RESTRICT wo_c0, size_t ldw,
                            const float* HWY_RESTRICT bias, const TensorView& y, size_t b,
                            size_t s0, size_t s1, size_t c0, size_t c1,
-                           float* HWY_RESTRICT scratch) {
+                           float* HWY_RESTRICT scratch, float* HWY_RESTRICT pack_into) {
   const size_t H = p.heads, L = p.head_dim, rows = s1 - s0, cols = c1 - c0;
   const float* HWY_RESTRICT o;
   size_t lda, a_step;
@@ -123,6 +127,21 @@ HWY_INLINE void ChainTileT(const ProjDims& p, const TensorView& heads,
   const auto store = [&](auto d, size_t r, size_t c, auto acc) {
     hn::StoreU(acc, d, y_tile + r * ldy + c);
   };
+  if constexpr (!kLoadsBf16Pairs<TB>) {
+    if (pack_into != nullptr) {
+      KSegments packing = every_head;
+      packing.pack = pack_into;
+      packing.pack_ld = cols;
+      MatMulPackingB<kWideRows, kWideVecs>(rows, cols, L, o, lda, wo_c0, ldw, store, packing);
+      if (!y.IsF32()) {
+        const size_t bytes = DTypeBytes(y.dtype);
+        for (size_t r = 0; r < rows; ++r) {
+          StoreRow(y_tile + r * ldy, cols, y.Row(b, 0, s0 + r) + c0 * bytes, y.dtype);
+        }
+      }
+      return;
+    }
+  }
 #if HWY_TARGET != HWY_SCALAR
   // One or two rows (a decode step): the wide tile would leave 2-3 FMA chains
   // in flight, a latency-bound quarter of the FMA rate; spread the rows'
@@ -149,10 +168,17 @@ HWY_INLINE void ChainTileT(const ProjDims& p, const TensorView& heads,
 inline void ChainTile(const ProjDims& p, const TensorView& heads, const void* wo_c0,
                       DType wo_dtype, size_t ldw, const float* HWY_RESTRICT bias,
                       const TensorView& y, size_t b, size_t s0, size_t s1, size_t c0,
-                      size_t c1, float* HWY_RESTRICT scratch) {
+                      size_t c1, float* HWY_RESTRICT scratch, float* HWY_RESTRICT pack_into) {
   WithElementType(wo_dtype, wo_c0, [&](const auto* wo) {
-    ChainTileT(p, heads, wo, ldw, bias, y, b, s0, s1, c0, c1, scratch);
+    ChainTileT(p, heads, wo, ldw, bias, y, b, s0, s1, c0, c1, scratch, pack_into);
   });
+}
+
+// Whether ChainTile can copy a Wo of dtype t into its panel as it reads it
+// (pack_into): f32 and f16 rows are loaded in column order; bf16 rows are
+// loaded as deinterleaved column pairs, and are widened by WidenPanel first.
+inline bool CanPackWhileReading(DType t) {
+  return t != DType::kBF16 || !kLoadsBf16Pairs<hwy::bfloat16_t>;
 }
 
 // Floats of one Wo panel widened to f32, [H*L][kWoPanelCols]: the plain
