@@ -145,7 +145,8 @@ HWY_INLINE void MicroTile(D d, size_t K, const float* HWY_RESTRICT a, size_t lda
     const float* HWY_RESTRICT ak = a + s * chain.a_step;
     float* HWY_RESTRICT pk = kPackB ? chain.pack + s * K * chain.pack_ld + col : nullptr;
     for (size_t k = 0; k < K; ++k, bk += ldb, ak += ka) {
-      if constexpr (kRows <= 2) hwy::Prefetch(bk + 8 * ldb);
+      if constexpr (kRows <= 2 || kPackB) hwy::Prefetch(bk + 8 * ldb);
+      if constexpr (kPackB) hwy::Prefetch(bk + 8 * ldb + kVecs * N - 1);
       V b0, b1, b2, b3, b4, b5;
       if constexpr (kPair01) {
         LoadBf16Pair(d, bk, b0, b1);
