@@ -399,6 +399,80 @@ HWY_INLINE void StoreSumsOfLanes8(D d, V v0, V v1, V v2, V v3, V v4, V v5, V v6,
   out[7] = hn::GetLane(hn::SumOfLanes(d, v7));
 }
 
+// Rows interleaved key by key: x[j * R + r] is row r's value at key j
+// (j < keys).  Per row: the maximum (NaN when the row holds a NaN), the
+// grouped decode's tile of scores in the order its reductions produce them.
+template <size_t R>
+HWY_INLINE void InterleavedRowMaxes(const float* HWY_RESTRICT x, size_t keys,
+                                    float* HWY_RESTRICT out) {
+  const hn::ScalableTag<float> d;
+  const size_t N = hn::Lanes(d), n = keys * R;
+  bool nan[R];
+  for (size_t r = 0; r < R; ++r) {
+    out[r] = -std::numeric_limits<float>::infinity();
+    nan[r] = false;
+  }
+  size_t i = 0;
+  if (N % R == 0 && n >= N) {  // lane t holds row t % R in every vector
+    auto m = hn::Set(d, -std::numeric_limits<float>::infinity());
+    auto is_nan = hn::Not(hn::Eq(m, m));
+    for (; i + N <= n; i += N) {
+      const auto v = hn::LoadU(d, x + i);
+      m = hn::Max(m, v);
+      is_nan = hn::Or(is_nan, hn::Not(hn::Eq(v, v)));
+    }
+    HWY_ALIGN float lanes[HWY_MAX_BYTES / sizeof(float)];
+    HWY_ALIGN float nans[HWY_MAX_BYTES / sizeof(float)];
+    hn::Store(m, d, lanes);
+    hn::Store(hn::IfThenElseZero(is_nan, hn::Set(d, 1.0f)), d, nans);
+    for (size_t t = 0; t < N; ++t) {
+      out[t % R] = lanes[t] > out[t % R] ? lanes[t] : out[t % R];
+      nan[t % R] |= nans[t] != 0.0f;
+    }
+  }
+  for (; i < n; ++i) {
+    const size_t r = i % R;
+    nan[r] |= x[i] != x[i];
+    out[r] = x[i] > out[r] ? x[i] : out[r];
+  }
+  for (size_t r = 0; r < R; ++r) {
+    if (nan[r]) out[r] = std::numeric_limits<float>::quiet_NaN();
+  }
+}
+
+// x[j * R + r] = 2^(x[j * R + r] - shift[r]) in place for j < keys;
+// sums[r] = the sum of row r's results in a fixed order.  shift[r] >= every
+// value of row r (rows whose results the caller discards may hold anything).
+template <size_t R>
+HWY_INLINE void InterleavedExp2Shifted(float* HWY_RESTRICT x, size_t keys,
+                                       const float* HWY_RESTRICT shift,
+                                       float* HWY_RESTRICT sums) {
+  const hn::ScalableTag<float> d;
+  const size_t N = hn::Lanes(d), n = keys * R;
+  for (size_t r = 0; r < R; ++r) sums[r] = 0.0f;
+  size_t i = 0;
+  if (N % R == 0 && n >= N) {
+    HWY_ALIGN float lanes[HWY_MAX_BYTES / sizeof(float)];
+    for (size_t t = 0; t < N; ++t) lanes[t] = shift[t % R];
+    const auto vshift = hn::Load(d, lanes);
+    auto sum = hn::Zero(d);
+    for (; i + N <= n; i += N) {
+      const auto e = Exp2NonPositive(d, hn::Sub(hn::LoadU(d, x + i), vshift));
+      hn::StoreU(e, d, x + i);
+      sum = hn::Add(sum, e);
+    }
+    hn::Store(sum, d, lanes);
+    for (size_t t = 0; t < N; ++t) sums[t % R] += lanes[t];
+  }
+  const hn::CappedTag<float, 1> d1;
+  for (; i < n; ++i) {
+    const size_t r = i % R;
+    const auto e = Exp2NonPositive(d1, hn::Sub(hn::LoadU(d1, x + i), hn::Set(d1, shift[r])));
+    hn::StoreU(e, d1, x + i);
+    sums[r] += hn::GetLane(e);
+  }
+}
+
 // Query rows that see the same keys, kGroupRows at a time, on dot products
 // (the query heads of a GQA/MQA decode step: H/Hkv rows over one kv head's
 // cache).  Each K and V row is read once for the rows of a group, in place
@@ -417,7 +491,7 @@ HWY_NOINLINE void FlashAttentionGroupByDot(const AttnDims& a, const float* HWY_R
                                            const T* HWY_RESTRICT v_g, size_t ldv,
                                            size_t visible, size_t key_begin, size_t key_end,
                                            float* HWY_RESTRICT acc, float* m, float* l,
-                                           float* bad, float* HWY_RESTRICT s_rows) {
+                                           float* bad, float* HWY_RESTRICT s_keys) {
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   constexpr size_t R = kGroupRows;
   const hn::ScalableTag<float> d;
@@ -430,7 +504,9 @@ HWY_NOINLINE void FlashAttentionGroupByDot(const AttnDims& a, const float* HWY_R
     const size_t nj = end - j0 < kDotKeyTile ? end - j0 : kDotKeyTile;
     const T* HWY_RESTRICT k_tile = k_g + j0 * ldk;
     const T* HWY_RESTRICT v_tile = v_g + j0 * ldv;
-    // S[r][j] = scale2 q_r . k_j, rows kDotKeyTile apart in s_rows.
+    // S[r][j] = scale2 q_r . k_j at s_keys[j * R + r]: key-major, as the
+    // reduction of a key pair gives them (one store), and the P V loop reads
+    // each key's R weights from one place.
     size_t j = 0;
     for (; j + 2 <= nj; j += 2) {
       for (size_t ahead = j + kPrefetchKeys; ahead < j + kPrefetchKeys + 2; ++ahead) {
@@ -471,59 +547,56 @@ HWY_NOINLINE void FlashAttentionGroupByDot(const AttnDims& a, const float* HWY_R
           s1[r] += q_blk[r * ldq + c] * x1;
         }
       }
-      for (size_t r = 0; r < R; ++r) {
-        s_rows[r * kDotKeyTile + j] = scale2 * s0[r];
-        s_rows[r * kDotKeyTile + j + 1] = scale2 * s1[r];
-      }
+      // Keys j and j + 1, each its R rows: the reduction's own order.
+      for (size_t t = 0; t < 2 * R; ++t) s_keys[j * R + t] = scale2 * s01[t];
     }
     for (; j < nj; ++j) {
       PrefetchBytes(v_tile + j * ldv, L * sizeof(T));
       for (size_t r = 0; r < R; ++r) {
-        s_rows[r * kDotKeyTile + j] = scale2 * Dot(q_blk + r * ldq, k_tile + j * ldk, L);
+        s_keys[j * R + r] = scale2 * Dot(q_blk + r * ldq, k_tile + j * ldk, L);
       }
     }
     // Online softmax, row by row; corr[r] rescales row r's accumulator.
     // A row that is NaN already, turns NaN here or has seen nothing finite
     // leaves its accumulator as it is (use[r] false), as the one-row path does.
-    float corr[R];
+    float corr[R], tile_max[R], shift[R], tile_sum[R];
     bool use[R];
     bool any = false;
+    InterleavedRowMaxes<R>(s_keys, nj, tile_max);
     for (size_t r = 0; r < R; ++r) {
       corr[r] = 1.0f;
       use[r] = false;
-      float* HWY_RESTRICT s_r = s_rows + r * kDotKeyTile;
-      if (bad[r] != 0.0f) {  // already NaN: nothing more to add
-        Fill(s_r, nj, 0.0f);
-        continue;
-      }
-      const float tile_max = RowMax(s_r, nj);
-      if (!(tile_max < std::numeric_limits<float>::infinity())) {  // NaN or +inf
+      shift[r] = 0.0f;  // a row not used: its P and its accumulator are discarded
+      if (bad[r] != 0.0f) continue;  // already NaN: nothing more to add
+      if (!(tile_max[r] < std::numeric_limits<float>::infinity())) {  // NaN or +inf
         bad[r] = 1.0f;
-        Fill(s_r, nj, 0.0f);
         continue;
       }
-      const float m_new = HWY_MAX(m[r], tile_max);
-      if (m_new == kNegInf) {
-        Fill(s_r, nj, 0.0f);
-        continue;
-      }
+      const float m_new = HWY_MAX(m[r], tile_max[r]);
+      if (m_new == kNegInf) continue;
       use[r] = true;
+      shift[r] = m_new;
       corr[r] = m[r] == kNegInf ? 0.0f : std::exp2(m[r] - m_new);
-      l[r] = l[r] * corr[r] + ExpShiftedRow</*kBase2=*/true>(s_r, nj, m_new, s_r);
       m[r] = m_new;
       any = true;
+    }
+    if (!any) continue;
+    InterleavedExp2Shifted<R>(s_keys, nj, shift, tile_sum);
+    for (size_t r = 0; r < R; ++r) {
+      if (use[r]) l[r] = l[r] * corr[r] + tile_sum[r];
     }
     if (!any) continue;
     // acc[r] = corr[r] acc[r] + sum_j P[r][j] V[j], column block by block.
     const auto rest = [&](auto dc, size_t c) {  // one vector (or lane) of columns
       auto o0 = hn::Zero(dc), o1 = hn::Zero(dc), o2 = hn::Zero(dc), o3 = hn::Zero(dc);
       const T* HWY_RESTRICT v_c = v_tile + c;
-      for (size_t jj = 0; jj < nj; ++jj, v_c += ldv) {
+      const float* HWY_RESTRICT p_j = s_keys;
+      for (size_t jj = 0; jj < nj; ++jj, v_c += ldv, p_j += R) {
         const auto x = LoadF32(dc, v_c);
-        o0 = hn::MulAdd(hn::Set(dc, s_rows[jj]), x, o0);
-        o1 = hn::MulAdd(hn::Set(dc, s_rows[kDotKeyTile + jj]), x, o1);
-        o2 = hn::MulAdd(hn::Set(dc, s_rows[2 * kDotKeyTile + jj]), x, o2);
-        o3 = hn::MulAdd(hn::Set(dc, s_rows[3 * kDotKeyTile + jj]), x, o3);
+        o0 = hn::MulAdd(hn::Set(dc, p_j[0]), x, o0);
+        o1 = hn::MulAdd(hn::Set(dc, p_j[1]), x, o1);
+        o2 = hn::MulAdd(hn::Set(dc, p_j[2]), x, o2);
+        o3 = hn::MulAdd(hn::Set(dc, p_j[3]), x, o3);
       }
       // (No arrays of vectors: SVE's are sizeless types.)
       const auto put = [&](size_t r, decltype(o0) o) {
@@ -541,22 +614,22 @@ HWY_NOINLINE void FlashAttentionGroupByDot(const AttnDims& a, const float* HWY_R
       auto o00 = hn::Zero(d), o01 = hn::Zero(d), o10 = hn::Zero(d), o11 = hn::Zero(d);
       auto o20 = hn::Zero(d), o21 = hn::Zero(d), o30 = hn::Zero(d), o31 = hn::Zero(d);
       const T* HWY_RESTRICT v_c = v_tile + c;
-      const float* HWY_RESTRICT p_r = s_rows;
+      const float* HWY_RESTRICT p_j = s_keys;
       // One weight register at a time (8 accumulators + 2 V vectors + 1):
       // with all four weights live GCC spilled an accumulator to the stack
       // and the loop ran at the store-to-load latency.
-      for (size_t jj = 0; jj < nj; ++jj, v_c += ldv, ++p_r) {
+      for (size_t jj = 0; jj < nj; ++jj, v_c += ldv, p_j += R) {
         const auto x0 = LoadF32(d, v_c), x1 = LoadF32(d, v_c + N);
-        auto p = hn::Set(d, p_r[0]);
+        auto p = hn::Set(d, p_j[0]);
         o00 = hn::MulAdd(p, x0, o00);
         o01 = hn::MulAdd(p, x1, o01);
-        p = hn::Set(d, p_r[kDotKeyTile]);
+        p = hn::Set(d, p_j[1]);
         o10 = hn::MulAdd(p, x0, o10);
         o11 = hn::MulAdd(p, x1, o11);
-        p = hn::Set(d, p_r[2 * kDotKeyTile]);
+        p = hn::Set(d, p_j[2]);
         o20 = hn::MulAdd(p, x0, o20);
         o21 = hn::MulAdd(p, x1, o21);
-        p = hn::Set(d, p_r[3 * kDotKeyTile]);
+        p = hn::Set(d, p_j[3]);
         o30 = hn::MulAdd(p, x0, o30);
         o31 = hn::MulAdd(p, x1, o31);
       }
@@ -695,8 +768,11 @@ inline void FlashAttentionRows(const AttnDims& a, const AttnViews& views, size_t
   const size_t lanes = hn::Lanes(hn::ScalableTag<float>());
   // Rows that all see the same keys (a grouped decode step) and are few:
   // kGroupRows at a time on dot products, K and V read once per group, the
-  // rest (up to 3) one at a time.
-  if (rows > kDotRows && rows <= 4 * kGroupRows &&
+  // rest (up to 3) one at a time.  Not on SCALAR: there GCC 12 vectorizes the
+  // one-lane P V loop over a key's four contiguous weights into loads of two
+  // neighbouring V elements, the second past the end of the last V row
+  // (tests/guard_pages_test.cc); its rows take the paths below.
+  if (HWY_TARGET != HWY_SCALAR && rows > kDotRows && rows <= 4 * kGroupRows &&
       a.visible_keys(i0) == a.visible_keys(i1 - 1)) {
     const size_t visible = a.visible_keys(i0);
     size_t r = 0;
