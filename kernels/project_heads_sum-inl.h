@@ -200,7 +200,9 @@ inline size_t PanelFloats(const ProjDims& p) { return p.inner() * kWoPanelCols; 
 // place are D floats apart, so a 6-row tile's 512 loads of B per column
 // block fall into a few L1 sets (2 KiB apart at D = 512) and come from L2;
 // the panel's rows are adjacent.  Widening is exact: the same bits as
-// reading the 16-bit Wo in place.
+// reading the 16-bit Wo in place.  Used for a bf16 Wo only: f32 and f16
+// panels are filled by ChainTile's first row tile as it reads them
+// (CanPackWhileReading).
 inline void WidenPanel(const ProjDims& p, const void* wo_c0, DType t, size_t ldw, size_t width,
                        float* HWY_RESTRICT dst) {
   // Rows 2 KiB apart start no hardware stream: each row is asked for 24 rows
