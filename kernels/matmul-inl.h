@@ -288,12 +288,6 @@ HWY_INLINE void MatMulRows(size_t cols, size_t K, const float* HWY_RESTRICT a,
   }
 }
 
-// C = A B for A [rows][K] (row stride lda), B [K][cols] (row stride ldb;
-// f32, or f16/bf16 widened exactly in registers as it is loaded);
-// epilogue(d, row, col, acc) receives each vector (or single lane) of C.
-// Every element of C is one FMA chain over k in order 0..K-1, whatever tile
-// computed it: results do not depend on how callers split rows or columns.
-// kR x kV: the register tile (kTileRows x kTileVecs or kWideRows x kWideVecs).
 // The tile of `height` rows (1..kR) at a: MatMulRows<height, kV, kPackB>.
 template <size_t kR, size_t kV, bool kPackB, class TB, class Epilogue>
 HWY_INLINE void RowTile(size_t height, size_t cols, size_t K, const float* HWY_RESTRICT a,
@@ -319,7 +313,7 @@ HWY_INLINE void RowTile(size_t height, size_t cols, size_t K, const float* HWY_R
 // (20 rows on a 6-row tile as 5+5+5+5, not 6+6+6+2): a 1- or 2-row
 // remainder tile has too few independent FMA chains to cover the FMA
 // latency.  The loads of B are the same (one pass over B per tile), and so
-// are the results.  tile(r0, height) runs one of them.
+// are the results.  tile(t, r0, height) runs the t-th, rows [r0, r0 + height).
 template <size_t kR, class Tile>
 HWY_INLINE void ForEachRowTile(size_t rows, const Tile& tile) {
   if (rows == 0) return;
