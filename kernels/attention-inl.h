@@ -585,7 +585,6 @@ HWY_NOINLINE void FlashAttentionGroupByDot(const AttnDims& a, const float* HWY_R
     for (size_t r = 0; r < R; ++r) {
       if (use[r]) l[r] = l[r] * corr[r] + tile_sum[r];
     }
-    if (!any) continue;
     // acc[r] = corr[r] acc[r] + sum_j P[r][j] V[j], column block by block.
     const auto rest = [&](auto dc, size_t c) {  // one vector (or lane) of columns
       auto o0 = hn::Zero(dc), o1 = hn::Zero(dc), o2 = hn::Zero(dc), o3 = hn::Zero(dc);

@@ -136,34 +136,33 @@ HWY_INLINE void ChainTileT(const ProjDims& p, const TensorView& heads,
   const auto store = [&](auto d, size_t r, size_t c, auto acc) {
     hn::StoreU(acc, d, y_tile + r * ldy + c);
   };
+  bool packed = false;
   if constexpr (!kLoadsBf16Pairs<TB>) {
     if (pack_into != nullptr) {
       KSegments packing = every_head;
       packing.pack = pack_into;
       packing.pack_ld = cols;
       MatMulPackingB<kChainTileRows, kChainTileVecs>(rows, cols, L, o, lda, wo_c0, ldw, store, packing);
-      if (!y.IsF32()) {
-        const size_t bytes = DTypeBytes(y.dtype);
-        for (size_t r = 0; r < rows; ++r) {
-          StoreRow(y_tile + r * ldy, cols, y.Row(b, 0, s0 + r) + c0 * bytes, y.dtype);
-        }
-      }
-      return;
+      packed = true;
     }
   }
+  if (!packed) {
 #if HWY_TARGET != HWY_SCALAR
-  // One or two rows (a decode step): the wide tile would leave 2-3 FMA chains
-  // in flight, a latency-bound quarter of the FMA rate; spread the rows'
-  // panel over more vectors instead (1 x 6 or 2 x 4 chains; each element is
-  // still one chain over h, then l, so the result is the same bits).
-  if (rows == 1) {
-    MatMul<1, 6>(rows, cols, L, o, lda, wo_c0, ldw, store, every_head);
-  } else if (rows == 2) {
-    MatMul<2, 4>(rows, cols, L, o, lda, wo_c0, ldw, store, every_head);
-  } else
+    // One or two rows (a decode step): the wide tile would leave 2-3 FMA
+    // chains in flight, a latency-bound quarter of the FMA rate; spread the
+    // rows' panel over more vectors instead (1 x 6 or 2 x 4 chains; each
+    // element is still one chain over h, then l, so the result is the same
+    // bits).
+    if (rows == 1) {
+      MatMul<1, 6>(rows, cols, L, o, lda, wo_c0, ldw, store, every_head);
+    } else if (rows == 2) {
+      MatMul<2, 4>(rows, cols, L, o, lda, wo_c0, ldw, store, every_head);
+    } else
 #endif
-  {
-    MatMul<kChainTileRows, kChainTileVecs>(rows, cols, L, o, lda, wo_c0, ldw, store, every_head);
+    {
+      MatMul<kChainTileRows, kChainTileVecs>(rows, cols, L, o, lda, wo_c0, ldw, store,
+                                             every_head);
+    }
   }
   if (!y.IsF32()) {
     const size_t bytes = DTypeBytes(y.dtype);
