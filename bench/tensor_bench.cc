@@ -15,9 +15,12 @@
 //       token-major Q/K/V/O
 //   BM_prefill/kv:{f32,f16,bf16}/S:../causal:..   f32 Q, 16-bit K/V
 //   BM_projection/wo:{f32,bf16}/S:{1,20,512}     O f32, Wo f32 or bf16
+//   BM_projection_stream/wo:{f32,bf16}/S:{1,20}  the same, each call on
+//       another layer's Wo (a ring beyond the last-level cache): Wo from memory
 // scripts/tensor_table.py prints the ratios the tensor issue asks for.
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
@@ -26,6 +29,8 @@
 #include <memory>
 #include <string>
 #include <vector>
+
+#include <unistd.h>
 
 #include "headsum/headsum.h"
 
@@ -176,6 +181,54 @@ void BM_projection(benchmark::State& state, headsum_dtype wo_t, int64_t S, int t
   headsum_set_num_threads(0);
 }
 
+// The same projection as a decode step through a model runs it: each call
+// reads another layer's Wo, from a ring of layers whose Wo together are at
+// least 4x the last-level cache (sysconf; 32 MiB if unknown), so that every
+// call's Wo comes from memory, as when the other layers' weights have
+// evicted it.  BM_projection above reads one Wo over and over (cache-resident:
+// 1 MiB f32).  Counter GB/s: Wo bytes read per second.
+size_t LastLevelCacheBytes() {
+  long l3 = -1;
+#if defined(_SC_LEVEL3_CACHE_SIZE)
+  l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
+#endif
+  return l3 > 0 ? static_cast<size_t>(l3) : size_t(32) << 20;
+}
+
+void BM_projection_stream(benchmark::State& state, headsum_dtype wo_t, int64_t S, int threads) {
+  SetThreads(state, threads);
+  const int64_t H = 8, L = 64, D = 512;
+  const headsum_proj_shape shape = {1, S, H, L, D};
+  const size_t wo_bytes = size_t(H * L * D) * (wo_t == HEADSUM_F32 ? 4 : 2);
+  // The same number of layers for both dtypes (sized for f32), at most 2 GiB.
+  const size_t f32_bytes = size_t(H * L * D) * 4;
+  const size_t layers = std::min<size_t>(std::max<size_t>(4 * LastLevelCacheBytes() / f32_bytes + 1, 8),
+                                         (size_t(2) << 30) / f32_bytes);
+  // One allocation for all the layers, as a model's weights are laid out.
+  Buffer o(size_t(H * S * L), HEADSUM_F32, 1), y(size_t(S * D), HEADSUM_F32, 3);
+  Buffer wo(layers * size_t(H * L * D), wo_t, 2);
+  std::vector<headsum_tensor> tw;
+  for (size_t i = 0; i < layers; ++i) {
+    tw.push_back(headsum_bhsd(static_cast<char*>(wo.get()) + i * wo_bytes, wo_t, 1, H * L, D));
+  }
+  headsum_tensor to = headsum_bhsd(o.get(), HEADSUM_F32, H, S, L);
+  headsum_tensor ty = headsum_bhsd(y.get(), HEADSUM_F32, 1, S, D);
+  size_t i = 0;
+  for (auto _ : state) {
+    if (headsum_project_heads_sum_tensors(&shape, &to, &tw[i], nullptr, &ty) != HEADSUM_OK) {
+      state.SkipWithError(headsum_last_error());
+      break;
+    }
+    benchmark::ClobberMemory();
+    i = i + 1 == layers ? 0 : i + 1;
+  }
+  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * S * H * L * D * 1e-9,
+                                                 benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GB/s"] = benchmark::Counter(wo_bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["layers"] = static_cast<double>(layers);
+  headsum_set_num_threads(0);
+}
+
 // ---------------------------------------------------------------------------
 // oneDNN composed bf16 attention (decode): S = Q K^T (bf16 in, f32 out, with
 // the scale), softmax (f32 in, bf16 out), O = P V (bf16 in, f32 out).
@@ -298,6 +351,15 @@ void Register() {
             (std::string("BM_projection/wo:") + DtypeName(wo) + "/S:" + std::to_string(S) + t)
                 .c_str(),
             BM_projection, DtypeArg(wo), S, threads)
+            ->UseRealTime()->Unit(benchmark::kMicrosecond);
+      }
+    }
+    for (int64_t S : {1, 20}) {
+      for (int64_t wo : {0, 2, 1}) {
+        benchmark::RegisterBenchmark(
+            (std::string("BM_projection_stream/wo:") + DtypeName(wo) + "/S:" + std::to_string(S) + t)
+                .c_str(),
+            BM_projection_stream, DtypeArg(wo), S, threads)
             ->UseRealTime()->Unit(benchmark::kMicrosecond);
       }
     }
