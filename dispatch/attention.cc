@@ -17,6 +17,9 @@
 #include "dispatch/test_hooks.h"
 #include "hwy/aligned_allocator.h"
 
+#include <atomic>
+#include <stdint.h>
+
 namespace headsum {
 HWY_EXPORT(QDotKRows);
 HWY_EXPORT(QkScoresScratch);
@@ -24,6 +27,9 @@ HWY_EXPORT(SoftmaxWeightedSumVRows);
 HWY_EXPORT(SoftmaxVScratch);
 HWY_EXPORT(FlashAttentionRows);
 HWY_EXPORT(AttentionScratch);
+HWY_EXPORT(FlashAttentionRowsHeadPacked);
+HWY_EXPORT(HeadPackFloats);
+HWY_EXPORT(HeadPackedScratch);
 HWY_EXPORT(PartialFloats);
 HWY_EXPORT(MergeKeySplits);
 HWY_EXPORT(MergeScratch);
@@ -125,6 +131,20 @@ headsum_status Attention(const AttnDims& a, const AttnViews& views) {
   const RowBlocks blocks{a, kAttentionQueryBlock};
   const size_t splits = a.seq_q <= kAttentionQueryBlock && a.seq_kv >= 2 * kKeySplit
                             ? (a.seq_kv + kKeySplit - 1) / kKeySplit : 1;
+  if (splits == 1 && HWY_DISPATCH_TABLE(HeadPackFloats)[t](a, views) != 0) {
+    // Token-major K/V: each thread copies a head's rows once (see
+    // FlashAttentionRowsHeadPacked); `call` tells this call's copies from
+    // those a previous call left in the reused scratch.
+    static std::atomic<uint64_t> calls{0};
+    const uint64_t call = calls.fetch_add(1, std::memory_order_relaxed) + 1;
+    const auto packed = HWY_DISPATCH_TABLE(FlashAttentionRowsHeadPacked)[t];
+    return ParallelItems(blocks.count(), HWY_DISPATCH_TABLE(HeadPackedScratch)[t](a, views),
+                         [&](size_t item, float* scratch) {
+                           blocks.Run(item, [&](size_t b, size_t h, size_t i0, size_t i1) {
+                             packed(a, views, b, h, i0, i1, call, scratch);
+                           });
+                         });
+  }
   if (splits == 1) {
     return ParallelItems(blocks.count(), scratch, [&](size_t item, float* scratch) {
       blocks.Run(item, [&](size_t b, size_t h, size_t i0, size_t i1) {

@@ -392,6 +392,53 @@ TEST_P(TensorAttention, ContiguousF32IsThePlainCall) {
   }
 }
 
+// Token-major K/V (each thread copies a head's strided rows once per call
+// and reads the copy for all of the head's query blocks) give the bits of the
+// contiguous views, and K/V rewritten in place between two calls with the
+// same pointers are read again: no copy outlives its call.  Several query
+// blocks per head, GQA, causal with Sq < Skv, 1 and 2 threads.
+TEST_P(TensorAttention, TokenMajorCopiesAreTheContiguousCallAndNeverStale) {
+  const AttnCase cases[] = {{2, 4, 2, 65, 130, 33, true}, {1, 3, 3, 200, 200, 64, false},
+                            {1, 2, 1, 129, 300, 17, true}};
+  const DtypeCombo combos[] = {{HEADSUM_F32, HEADSUM_F32, HEADSUM_F32, HEADSUM_F32},
+                               {HEADSUM_F32, HEADSUM_BF16, HEADSUM_F16, HEADSUM_F32}};
+  for (const AttnCase& c : cases) {
+    headsum_attn_shape shape = {c.b, c.h, c.hkv, c.sq, c.skv, c.l, 0.0f, c.causal ? 1 : 0};
+    const size_t nq = size_t(c.b * c.h * c.sq * c.l), nkv = size_t(c.b * c.hkv * c.skv * c.l);
+    const std::vector<float> q = RandomUniform(nq, -1, 1, 11);
+    const std::vector<float> k1 = RandomUniform(nkv, -1, 1, 12), v1 = RandomUniform(nkv, -1, 1, 13);
+    const std::vector<float> k2 = RandomUniform(nkv, -2, 2, 14), v2 = RandomUniform(nkv, -2, 2, 15);
+    for (const DtypeCombo& t : combos) {
+      for (int threads : {1, 2}) {
+        ASSERT_EQ(headsum_set_num_threads(threads), HEADSUM_OK);
+        AttnBuffers tm = MakeAttnBuffers(c, t, AttnLayout::kTokenMajor, q, k1, v1);
+        for (int round = 0; round < 2; ++round) {
+          const std::vector<float>& k = round == 0 ? k1 : k2;
+          const std::vector<float>& v = round == 0 ? v1 : v2;
+          if (round == 1) {  // same buffers, new values
+            tm.k.Fill(k);
+            tm.v.Fill(v);
+          }
+          AttnBuffers contiguous = MakeAttnBuffers(c, t, AttnLayout::kContiguous, q, k, v);
+          headsum_tensor tq = tm.q.tensor(), tk = tm.k.tensor(), tv = tm.v.tensor(),
+                         to = tm.out.tensor();
+          ASSERT_EQ(headsum_attention_tensors(&shape, &tq, &tk, &tv, &to), HEADSUM_OK)
+              << headsum_last_error();
+          tq = contiguous.q.tensor(), tk = contiguous.k.tensor(), tv = contiguous.v.tensor(),
+          to = contiguous.out.tensor();
+          ASSERT_EQ(headsum_attention_tensors(&shape, &tq, &tk, &tv, &to), HEADSUM_OK)
+              << headsum_last_error();
+          EXPECT_TRUE(BitwiseEqual(contiguous.out.Read(), tm.out.Read(),
+                                   Layout{{c.b, c.h, c.sq, c.l}, "bhil"}))
+              << "Sq " << c.sq << " Skv " << c.skv << " L " << c.l << " K " << DtypeName(t.kv)
+              << " threads " << threads << " round " << round;
+        }
+      }
+      headsum_set_num_threads(0);
+    }
+  }
+}
+
 // Every dtype: the same bits for 1, 2 and 3 threads.
 TEST_P(TensorAttention, DeterministicAcrossThreadCounts) {
   const AttnCase cases[] = {{2, 4, 2, 65, 130, 33, true}, {1, 8, 2, 1, 1030, 64, false}};
