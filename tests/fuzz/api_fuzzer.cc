@@ -209,6 +209,14 @@ int64_t SmallDim(Input& in) {
   return sel == 250 ? 0 : -1;
 }
 
+// A query length that sometimes spans two 64-row blocks: token-major K/V
+// of such a prefill are copied per kv head into the thread's scratch.
+int64_t SmallSeq(Input& in) {
+  const uint8_t sel = in.Byte();
+  if (sel >= 236 && sel < 250) return 64 + sel % 3;
+  return sel < 250 ? 1 + sel % 9 : sel == 250 ? 0 : -1;
+}
+
 int FuzzTensors(int fn, Input& in) {
   static std::vector<uint8_t> arena(kArenaBytes);
   for (uint8_t& b : arena) b = in.Byte() & 0x3F;  // finite values of every dtype
@@ -218,7 +226,7 @@ int FuzzTensors(int fn, Input& in) {
   bool valid;
   std::vector<View> outs, ins;
   if (fn == 12) {  // attention
-    headsum_attn_shape s = {SmallDim(in), SmallDim(in), 0, SmallDim(in), SmallDim(in),
+    headsum_attn_shape s = {SmallDim(in), SmallDim(in), 0, SmallSeq(in), SmallSeq(in),
                             SmallDim(in), in.Scale(), in.Byte() & 1};
     const uint8_t kvsel = in.Byte();
     s.kv_heads = kvsel < 128 ? 0 : kvsel < 250 ? 1 + kvsel % 3 : -1;
