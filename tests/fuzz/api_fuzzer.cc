@@ -209,11 +209,11 @@ int64_t SmallDim(Input& in) {
   return sel == 250 ? 0 : -1;
 }
 
-// A query length that sometimes spans two 64-row blocks: token-major K/V
-// of such a prefill are copied per kv head into the thread's scratch.
+// A query length that sometimes spans two 64-row blocks (65-68): strided
+// K/V of such a prefill are copied per kv head into the thread's scratch.
 int64_t SmallSeq(Input& in) {
   const uint8_t sel = in.Byte();
-  if (sel >= 236 && sel < 250) return 64 + sel % 3;
+  if (sel >= 230 && sel < 250) return 65 + sel % 4;
   return sel < 250 ? 1 + sel % 9 : sel == 250 ? 0 : -1;
 }
 
