@@ -82,11 +82,12 @@ struct FlashScratch {
 inline size_t WidenedFloats(const TensorView& t, size_t rows, size_t L) {
   return t.IsF32() ? 0 : rows * L;
 }
-// K or V rows the block paths copy into scratch: 16-bit ones (widened).
-// Strided f32 rows (token-major, a fused QKV buffer) are read in place, the
-// next tile prefetched (KvRows::PrefetchTile): a copy costs more than the
-// L1 misses it saves (measured: 12% of a token-major S=2048 prefill in
-// memmove, as slow as reading in place without prefetch).
+// K or V rows the block paths copy into scratch tile by tile: 16-bit ones
+// (widened).  Strided f32 rows (token-major, a fused QKV buffer) are not
+// copied per tile (measured: 12% of a token-major S=2048 prefill in memmove,
+// as slow as reading in place without prefetch): a prefill of several query
+// blocks copies them once per kv head (FlashAttentionRowsHeadPacked), and
+// the rest read them in place, the next tile prefetched (KvRows::PrefetchTile).
 inline bool CopiesKvTile(const TensorView& t, size_t /*L*/) { return !t.IsF32(); }
 inline size_t KvTileFloats(const TensorView& t, size_t rows, size_t L) {
   return CopiesKvTile(t, L) ? rows * L : 0;
