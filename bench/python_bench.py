@@ -7,7 +7,14 @@
     AttributionBasis) vs materializing every head's contribution
     [B][S][H][D] with torch.einsum and dotting it with the directions;
   * the binding's call overhead: attention at Sq=Skv=1 (B=1, H=8, L=64),
-    whose kernel work is a few hundred nanoseconds.
+    whose kernel work is a few hundred nanoseconds;
+  * concurrency: two Python threads calling attention (one kernel thread
+    each) at once, against the two calls one after the other, beside a
+    control that is known to release the GIL (hashlib over 8 MiB).  The GIL's
+    release itself is tested (python/tests/test_settings.py); how much two
+    calls gain from a second core depends on the machine (two vCPUs that
+    are one core's SMT siblings share its FMA units), so it is reported
+    here, not asserted.
 
 Times are the best of repeated calls (the least disturbed by other load) and
 the median.  Prints a Markdown table.
@@ -16,8 +23,10 @@ the median.  Prints a Markdown table.
 """
 
 import argparse
+import hashlib
 import os
 import statistics
+import threading
 import time
 
 import numpy as np
@@ -103,6 +112,48 @@ def overhead_rows(min_time):
     return rows
 
 
+def serial_and_concurrent(work, rounds):
+    """Best-of-rounds seconds for work(0); work(1) one after the other, and
+    for the two in two threads at once."""
+
+    def serial():
+        t0 = time.perf_counter()
+        work(0)
+        work(1)
+        return time.perf_counter() - t0
+
+    def concurrent():
+        barrier = threading.Barrier(3)
+        threads = [threading.Thread(target=lambda i=i: (barrier.wait(), work(i))) for i in (0, 1)]
+        for t in threads:
+            t.start()
+        barrier.wait()
+        t0 = time.perf_counter()
+        for t in threads:
+            t.join()
+        return time.perf_counter() - t0
+
+    return min(serial() for _ in range(rounds)), min(concurrent() for _ in range(rounds))
+
+
+def concurrency_rows(rounds):
+    rng = np.random.default_rng(5)
+    q, k, v = (rng.standard_normal((1, 8, 512, 64)).astype(np.float32) for _ in range(3))
+    outs = [np.empty_like(q), np.empty_like(q)]
+    blob = rng.bytes(8 << 20)
+    work = {
+        "hashlib.sha256, 8 MiB (control)": lambda i: hashlib.sha256(blob).digest(),
+        "headsum.attention S=512, one kernel thread": lambda i: headsum.attention(q, k, v, out=outs[i]),
+    }
+    rows = []
+    for name, fn in work.items():
+        fn(0)
+        serial, concurrent = serial_and_concurrent(fn, rounds)
+        rows.append((name, serial, concurrent))
+    assert np.array_equal(outs[0], outs[1])
+    return rows
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="S=512 only, shorter timing")
@@ -133,6 +184,11 @@ def main():
     print("|---|---|")
     for name, (best, median) in overhead_rows(min_time):
         print(f"| {name} | {us(best)} / {us(median)} |")
+    print()
+    print("| two Python threads at once | serial us (best) | concurrent us (best) | concurrent / serial |")
+    print("|---|---|---|---|")
+    for name, serial, concurrent in concurrency_rows(3 if args.quick else 10):
+        print(f"| {name} | {us(serial)} | {us(concurrent)} | {concurrent / serial:.2f} |")
 
 
 if __name__ == "__main__":

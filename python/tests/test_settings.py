@@ -1,6 +1,5 @@
 """Targets, threads, the GIL, and that the reference bounds can fail."""
 
-import os
 import threading
 import time
 
@@ -91,11 +90,6 @@ def test_bounds_can_fail(rng):
 # --- the GIL ---------------------------------------------------------------
 
 
-def big_attention_inputs():  # about 6 ms a call on one core
-    rng = np.random.default_rng(5)
-    return [rng.standard_normal((1, 8, 512, 64)).astype(np.float32) for _ in range(3)]
-
-
 def test_gil_released_during_kernel():
     """While one thread is inside a long attention call, the main thread runs
     Python code.  It records the longest gap between two of its loop steps:
@@ -128,92 +122,3 @@ def test_gil_released_during_kernel():
     assert gap < 0.5 * call, (
         f"the main thread stood still for {gap * 1e3:.1f} ms of a {call * 1e3:.1f} ms call"
     )
-
-
-def other_runnable_tasks():
-    """Tasks other than this one that want a core now: the median over half a
-    second of /proc/loadavg's runnable count (an instantaneous reading, unlike
-    the load averages, which lag a minute behind a build that just ended)."""
-    try:
-        counts = []
-        for _ in range(25):
-            with open("/proc/loadavg") as f:
-                counts.append(int(f.read().split()[3].split("/")[0]))
-            time.sleep(0.02)
-        return max(0.0, sorted(counts)[len(counts) // 2] - 1)
-    except (OSError, ValueError, IndexError):
-        return os.getloadavg()[0]
-
-
-def serial_and_concurrent(work, rounds):
-    """Best-of-rounds seconds for work(0); work(1) one after the other, and
-    for the two in two threads at once."""
-
-    def serial():
-        t0 = time.perf_counter()
-        work(0)
-        work(1)
-        return time.perf_counter() - t0
-
-    def concurrent():
-        barrier = threading.Barrier(3)
-        threads = [threading.Thread(target=lambda i=i: (barrier.wait(), work(i))) for i in (0, 1)]
-        for t in threads:
-            t.start()
-        barrier.wait()
-        t0 = time.perf_counter()
-        for t in threads:
-            t.join()
-        return time.perf_counter() - t0
-
-    return min(serial() for _ in range(rounds)), min(concurrent() for _ in range(rounds))
-
-
-def test_two_threads_faster_than_serial():
-    """Two threads calling attention (one OpenMP thread each) on 2 cores run
-    concurrently: best of several rounds, clearly under serial.  A control
-    that is known to release the GIL (hashlib over 8 MiB) tells whether this
-    machine has a second core free right now; if even it does not speed up,
-    the measurement cannot say anything and the test skips, saying so; so it
-    does when other tasks are already runnable on the cores.  (The
-    GIL's release is proven by test_gil_released_during_kernel on any
-    machine.)"""
-    import hashlib
-
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    if not cores or cores < 2:
-        pytest.skip(f"needs 2 cores, this process has {cores}")
-    others = other_runnable_tasks()
-    if others > cores - 2 + 0.5:
-        # Other processes hold the cores: timings then say nothing either way.
-        pytest.skip(f"machine busy: {others:g} other runnable tasks on {cores} cores")
-    headsum.set_num_threads(1)
-    q, k, v = big_attention_inputs()
-    outs = [np.empty_like(q), np.empty_like(q)]
-    headsum.attention(q, k, v, out=outs[0])  # warm up
-    blob = np.random.default_rng(1).bytes(8 << 20)
-
-    def attention(i):
-        headsum.attention(q, k, v, out=outs[i])
-
-    def control(i):
-        hashlib.sha256(blob).digest()
-
-    # Rounds of (control, attention) back to back, until attention shows
-    # its concurrency in a round where the control showed a free core, or
-    # the time is up.  A held GIL serializes the two calls: about 1.0.
-    seen = []
-    deadline = time.perf_counter() + 8.0
-    while time.perf_counter() < deadline:
-        s, c = serial_and_concurrent(control, 3)
-        free = c / s
-        s, c = serial_and_concurrent(attention, 3)
-        seen.append((free, c / s))
-        if free < 0.7 and c / s < 0.7:
-            break
-    assert np.array_equal(outs[0], outs[1])
-    usable = [a for free, a in seen if free < 0.7]
-    rounds = ", ".join(f"{f:.2f}/{a:.2f}" for f, a in seen)
-    if not usable:
-        pytest.skip(f"no free second core now (control/attention concurrent:serial per round: {rounds})")
-    assert min(usable) < 0.7, f"attention never ran concurrently; control/attention per round: {rounds}"
