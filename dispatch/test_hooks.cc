@@ -9,6 +9,7 @@ namespace {
 std::atomic<long> g_allocations_left{-1};
 
 std::atomic<size_t> g_stream_scores_bytes{testing::kDefaultStreamScoresBytes};
+std::atomic<size_t> g_kv_in_cache_bytes{testing::kKvInCacheAuto};
 
 // Whether this allocation may go ahead: consumes one of the allowed ones.
 bool AllocationAllowed() {
@@ -30,12 +31,17 @@ void FailAllocationsAfter(long n) {
 void SetStreamScoresBytes(size_t bytes) {
   g_stream_scores_bytes.store(bytes, std::memory_order_relaxed);
 }
+void SetKvInCacheBytes(size_t bytes) {
+  g_kv_in_cache_bytes.store(bytes, std::memory_order_relaxed);
+}
 }  // namespace testing
 
 namespace dispatch {
 bool AllocationHookArmed() { return g_allocations_left.load(std::memory_order_relaxed) >= 0; }
 
 size_t StreamScoresBytes() { return g_stream_scores_bytes.load(std::memory_order_relaxed); }
+
+size_t KvInCacheBytes() { return g_kv_in_cache_bytes.load(std::memory_order_relaxed); }
 
 hwy::AlignedFreeUniquePtr<float[]> AllocateFloats(size_t n) {
   if (!AllocationAllowed()) return hwy::AlignedFreeUniquePtr<float[]>(nullptr, hwy::AlignedFreer());

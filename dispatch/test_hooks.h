@@ -28,6 +28,15 @@ void FailAllocationsAfter(long n);
 constexpr size_t kDefaultStreamScoresBytes = size_t{64} << 20;
 void SetStreamScoresBytes(size_t bytes);
 
+// An attention call's K and V of up to this many bytes count as read from
+// the caches: the one-row dot path then scores eight keys at a time without
+// software prefetch; above it, one key at a time with K/V rows prefetched
+// ahead.  kKvInCacheAuto (the default): half the last-level cache that
+// sysconf reports, at most 16 MiB.  Tests set 0 to run the prefetching path
+// on small shapes.  Process-wide; for tests only.
+constexpr size_t kKvInCacheAuto = ~size_t{0};
+void SetKvInCacheBytes(size_t bytes);
+
 }  // namespace testing
 
 namespace dispatch {
@@ -45,6 +54,9 @@ bool AllocationHookArmed();
 
 // The current threshold of SetStreamScoresBytes.
 size_t StreamScoresBytes();
+
+// The current threshold of SetKvInCacheBytes (kKvInCacheAuto: not set).
+size_t KvInCacheBytes();
 
 }  // namespace dispatch
 }  // namespace headsum

@@ -13,6 +13,9 @@ struct AttnDims {
   size_t seq_q, seq_kv, head_dim;
   float scale;                    // resolved: 0 in the public shape became 1/sqrt(L)
   bool causal;
+  // Whether the dot paths prefetch K/V rows ahead (dispatch clears it where
+  // the call's K/V fit well inside the last-level cache; see KvFromMemory).
+  bool prefetch_kv = true;
 
   size_t group() const { return heads / kv_heads; }  // query heads per kv head
   // Bottom-right aligned causal mask: query i sees key j when j <= i + offset.

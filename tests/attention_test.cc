@@ -239,6 +239,21 @@ TEST_P(Attention, FewQueryRowsOverManyKeysStayWithinBound) {
   });
 }
 
+// The same shapes with every K/V counted as read from memory: the one-row
+// dot path then scores one key at a time and prefetches K/V rows ahead,
+// where the small shapes above run its eight-keys-at-a-time scoring.
+TEST_P(Attention, FewQueryRowsOverManyKeysFromMemoryStayWithinBound) {
+  struct RestoreThreshold {
+    ~RestoreThreshold() {
+      headsum::testing::SetKvInCacheBytes(headsum::testing::kKvInCacheAuto);
+    }
+  } restore;
+  headsum::testing::SetKvInCacheBytes(0);
+  ForEachShape(FewRowsManyKeysShapes(), [](const MhaShape& s, uint64_t n) {
+    return AttentionMatchesReference(headsum_attention, s, 1.0f, 2.0f, 7200 + n);
+  });
+}
+
 // The flash-style kernel against its simple twin on the same target: each is
 // within AttentionBound of the exact result, so they are within twice that of
 // each other.
