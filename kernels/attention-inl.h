@@ -565,11 +565,13 @@ HWY_NOINLINE void FlashAttentionGroupByDot(const AttnDims& a, const float* HWY_R
     // each key's R weights from one place.
     size_t j = 0;
     for (; j + 2 <= nj; j += 2) {
-      for (size_t ahead = j + kPrefetchKeys; ahead < j + kPrefetchKeys + 2; ++ahead) {
-        if (j0 + ahead < end) PrefetchBytes(k_tile + ahead * ldk, L * sizeof(T));
+      if (a.prefetch_kv) {
+        for (size_t ahead = j + kPrefetchKeys; ahead < j + kPrefetchKeys + 2; ++ahead) {
+          if (j0 + ahead < end) PrefetchBytes(k_tile + ahead * ldk, L * sizeof(T));
+        }
+        PrefetchBytes(v_tile + j * ldv, L * sizeof(T));
+        PrefetchBytes(v_tile + (j + 1) * ldv, L * sizeof(T));
       }
-      PrefetchBytes(v_tile + j * ldv, L * sizeof(T));
-      PrefetchBytes(v_tile + (j + 1) * ldv, L * sizeof(T));
       const T* HWY_RESTRICT k0 = k_tile + j * ldk;
       const T* HWY_RESTRICT k1 = k0 + ldk;
       auto a00 = hn::Zero(d), a01 = hn::Zero(d), a02 = hn::Zero(d), a03 = hn::Zero(d);
