@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "error_bounds.h"
+#include "../dispatch/test_hooks.h"  // the K/V-in-cache threshold
 #include "headsum/headsum.h"
 #include "reference.h"
 #include "test_util.h"
@@ -370,6 +371,21 @@ TEST_P(TensorAttention, EveryDtypeAndLayoutMatchesReference) {
         size_t written = 0;
         for (size_t i = 0; i < out_before.size(); ++i) written += out_before[i] != bufs.out.bytes[i];
         EXPECT_LE(written, got.size() * Bytes(t.out));
+        if (c.sq <= 3) {
+          // A decode step's K/V counted as read from memory: the one-key,
+          // prefetching dot path (these small K/V take the eight-key one).
+          struct RestoreThreshold {
+            ~RestoreThreshold() {
+              headsum::testing::SetKvInCacheBytes(headsum::testing::kKvInCacheAuto);
+            }
+          } restore;
+          headsum::testing::SetKvInCacheBytes(0);
+          bufs.out.bytes = out_before;
+          ASSERT_EQ(headsum_attention_tensors(&shape, &tq, &tk, &tv, &to), HEADSUM_OK)
+              << headsum_last_error();
+          ASSERT_TRUE(AllWithinBound(ref, bound, bufs.out.Read(),
+                                     Layout{{c.b, c.h, c.sq, c.l}, "bhil"}));
+        }
       }
     }
   }
