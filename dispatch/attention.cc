@@ -107,7 +107,7 @@ size_t LastLevelCacheBytes() {
 
 // Whether a call's K and V are likely read from memory rather than from the
 // last-level cache: their bytes against half the cache that sysconf
-// reports, and never less than 16 MiB (a tenant may get much less of a
+// reports, that bound at most 16 MiB (a tenant may get much less of a
 // shared L3 than lscpu says: on some machines of this kind a 134 MB K/V
 // streams at DRAM rate under a reported 480 MB).  The dot paths prefetch
 // K/V rows only then: measured on Zen 5 (32 MiB L3), a bf16 decode step over
