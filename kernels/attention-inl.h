@@ -73,15 +73,22 @@ struct FlashScratch {
   float* bad;     // [ldw] nonzero once a NaN or +inf score was seen
   float* s_row;   // [kDotKeyTile] the dot path's scores
   float* k_t;     // [L][kKeyTile] scale log2(e) K^T of a tile (keys-in-lanes path)
-  float* q_rows;  // [kQueryBlock][L] 16-bit Q rows widened
+  float* q_rows;  // [kQueryBlock][L] 16-bit Q rows widened, or misaligned f32
+                  // decode rows copied (QCopied)
   float* k_rows;  // [kKeyTile][L] 16-bit K rows of a tile widened (block paths)
   float* v_rows;  // [kKeyTile][L] 16-bit V rows of a tile widened (block paths)
 };
 
-// Floats of widened rows a 16-bit operand needs (0 for f32: read in place).
-inline size_t WidenedFloats(const TensorView& t, size_t rows, size_t L) {
-  return t.IsF32() ? 0 : rows * L;
+// Whether the few f32 Q rows of a decode block at `row0`, `ld` floats apart,
+// are copied into aligned scratch before the dot paths read them: when they
+// are not vector-aligned.  Those paths load each Q vector once per key (or
+// key pair); a Q 16 bytes off a 64-byte boundary split every such load
+// across two cache lines, and a grouped decode step lost 15-25% to it.
+inline bool QCopied(const char* row0, size_t ld) {
+  const size_t align = hn::Lanes(hn::ScalableTag<float>()) * sizeof(float);
+  return reinterpret_cast<uintptr_t>(row0) % align != 0 || (ld * sizeof(float)) % align != 0;
 }
+
 // K or V rows the block paths copy into scratch tile by tile: 16-bit ones
 // (widened).  Strided f32 rows (token-major, a fused QKV buffer) are not
 // copied per tile (measured: 12% of a token-major S=2048 prefill in memmove,
@@ -103,7 +110,7 @@ inline size_t WidenedKvRows(const AttnDims& a, const AttnViews& v) {
 inline size_t AttentionScratch(const AttnDims& a, const AttnViews& v) {
   const size_t ldw = QueryColumns(kQueryBlock), L = a.head_dim;
   return ldw * L + kKeyTile * ldw + kQueryBlock * L + 4 * ldw + kDotKeyTile + L * kKeyTile +
-         WidenedFloats(v.q, kQueryBlock, L) + KvTileFloats(v.k, WidenedKvRows(a, v), L) +
+         kQueryBlock * L + KvTileFloats(v.k, WidenedKvRows(a, v), L) +
          KvTileFloats(v.v, WidenedKvRows(a, v), L);
 }
 
@@ -120,7 +127,7 @@ inline FlashScratch CarveFlashScratch(const AttnDims& a, const AttnViews& v, flo
   f.s_row = f.bad + f.ldw;
   f.k_t = f.s_row + kDotKeyTile;
   f.q_rows = f.k_t + a.head_dim * kKeyTile;
-  f.k_rows = f.q_rows + WidenedFloats(v.q, kQueryBlock, a.head_dim);
+  f.k_rows = f.q_rows + kQueryBlock * a.head_dim;
   f.v_rows = f.k_rows + KvTileFloats(v.k, WidenedKvRows(a, v), a.head_dim);
   return f;
 }
@@ -333,34 +340,73 @@ HWY_INLINE void StoreSumsOfLanes8(D d, V v0, V v1, V v2, V v3, V v4, V v5, V v6,
 // to cover the memory latency at DRAM bandwidth, near enough to stay in L1.
 constexpr size_t kPrefetchKeys = 8;
 
+// Keys ahead whose K rows the eight-key dot path prefetches (K/V from DRAM).
+constexpr size_t kPrefetchKeys8 = 16;
+
 // s[j] = scale2 * q . K[j] for the first keys of a tile, eight at a time,
-// their eight accumulators reduced together (StoreSumsOfLanes8), for K/V
-// read from the caches.  One key at a time, each dot product reduced on its
-// own, bounded an MHA decode step over a cache-resident K/V on Zen 5 (95% of
-// the call in that loop, about 40 cycles a key): a bf16 decode step over
-// 8.4 MB of K/V went from 152-166 us to 116-122 us.  The eight rows are read
-// one after the other, in memory order (5-10% faster than column block by
-// column block across the eight).  From DRAM the one-key loop with its
-// prefetches spread key by key stays (this one, prefetching the same rows
-// per group of eight, was 5-20% slower there).  Returns the keys done (a
-// multiple of 8; the caller scores the rest); none on SCALAR.
-template <class TK>
-HWY_INLINE size_t RowScores8(const float* HWY_RESTRICT q, const TK* HWY_RESTRICT k_tile,
-                             size_t ldk, size_t nj, size_t L, float scale2,
-                             float* HWY_RESTRICT s) {
-  size_t j = 0;
-#if HWY_TARGET != HWY_SCALAR
+// their eight accumulators reduced together (StoreSumsOfLanes8), q's kQ
+// vectors held in registers (kQ = 0: more than the registers hold, loaded
+// per row).  The eight rows are read one after the other, in memory order
+// (5-10% faster than column block by column block across the eight).  With
+// `prefetch` (K/V read from DRAM: AttnDims::prefetch_kv) each group of eight
+// prefetches the K rows kPrefetchKeys8 keys ahead and its own V rows, so
+// that the K and V streams are in flight together.  Scored one key at a
+// time, each dot product reduced on its own, a decode step spent about 40
+// cycles a key on Zen 5 (95% of an MHA decode step in that loop); measured
+// on that machine, medians of calls interleaved with the one-key loop (its
+// prefetches spread key by key): an MHA decode step (H=8, L=64) over a
+// 16.8 MB K/V 397 -> 285 us, over a 134 MB K/V (DRAM) 4.90 -> 4.62 ms, the
+// layer's decode step over a 4096-token cache 499 -> 418 us on one thread,
+// 207 -> 164 us on two.  Returns the keys done (a multiple of 8; the caller
+// scores the rest); none on SCALAR.
+template <size_t kQ, class TK, class TV>
+HWY_INLINE size_t RowScores8Q(const float* HWY_RESTRICT q, const TK* HWY_RESTRICT k_tile,
+                              size_t ldk, size_t nj, size_t L, float scale2,
+                              float* HWY_RESTRICT s, const TV* HWY_RESTRICT v_tile, size_t ldv,
+                              size_t keys_left, bool prefetch) {
   const hn::ScalableTag<float> d;
   const hn::CappedTag<float, 1> d1;
   const size_t N = hn::Lanes(d);
-  const size_t lv = L / N * N;  // columns in whole vectors; the rest lane by lane
+  const size_t lv = (kQ == 0 ? L / N : kQ) * N;  // columns in whole vectors; the rest lane by lane
+  // (No arrays of vectors: SVE's are sizeless types.)
+  using V = hn::Vec<decltype(d)>;
+  V q0 = hn::LoadU(d, q), q1 = q0, q2 = q0, q3 = q0, q4 = q0, q5 = q0, q6 = q0, q7 = q0;
+  if constexpr (kQ > 1) q1 = hn::LoadU(d, q + N);
+  if constexpr (kQ > 2) q2 = hn::LoadU(d, q + 2 * N);
+  if constexpr (kQ > 3) q3 = hn::LoadU(d, q + 3 * N);
+  if constexpr (kQ > 4) q4 = hn::LoadU(d, q + 4 * N);
+  if constexpr (kQ > 5) q5 = hn::LoadU(d, q + 5 * N);
+  if constexpr (kQ > 6) q6 = hn::LoadU(d, q + 6 * N);
+  if constexpr (kQ > 7) q7 = hn::LoadU(d, q + 7 * N);
   const auto dot = [&](const TK* HWY_RESTRICT k_row) {
-    auto acc = hn::Zero(d);
-    for (size_t c = 0; c < lv; c += N) acc = hn::MulAdd(hn::LoadU(d, q + c), LoadF32(d, k_row + c), acc);
+    if constexpr (kQ == 0) {
+      auto acc = hn::Zero(d);
+      for (size_t c = 0; c < lv; c += N) {
+        acc = hn::MulAdd(hn::LoadU(d, q + c), LoadF32(d, k_row + c), acc);
+      }
+      return acc;
+    }
+    auto acc = hn::MulAdd(q0, LoadF32(d, k_row), hn::Zero(d));
+    if constexpr (kQ > 1) acc = hn::MulAdd(q1, LoadF32(d, k_row + N), acc);
+    if constexpr (kQ > 2) acc = hn::MulAdd(q2, LoadF32(d, k_row + 2 * N), acc);
+    if constexpr (kQ > 3) acc = hn::MulAdd(q3, LoadF32(d, k_row + 3 * N), acc);
+    if constexpr (kQ > 4) acc = hn::MulAdd(q4, LoadF32(d, k_row + 4 * N), acc);
+    if constexpr (kQ > 5) acc = hn::MulAdd(q5, LoadF32(d, k_row + 5 * N), acc);
+    if constexpr (kQ > 6) acc = hn::MulAdd(q6, LoadF32(d, k_row + 6 * N), acc);
+    if constexpr (kQ > 7) acc = hn::MulAdd(q7, LoadF32(d, k_row + 7 * N), acc);
     return acc;
   };
+  size_t j = 0;
   for (; j + 8 <= nj; j += 8) {
     const TK* HWY_RESTRICT k0 = k_tile + j * ldk;
+    if (prefetch) {  // K/V from DRAM: K rows kPrefetchKeys8 ahead, this group's V rows
+      for (size_t t = 0; t < 8; ++t) {
+        if (j + kPrefetchKeys8 + t < keys_left) {
+          PrefetchBytes(k0 + (kPrefetchKeys8 + t) * ldk, L * sizeof(TK));
+        }
+        PrefetchBytes(v_tile + (j + t) * ldv, L * sizeof(TV));
+      }
+    }
     const auto a0 = dot(k0);
     const auto a1 = dot(k0 + ldk);
     const auto a2 = dot(k0 + 2 * ldk);
@@ -376,18 +422,52 @@ HWY_INLINE size_t RowScores8(const float* HWY_RESTRICT q, const TK* HWY_RESTRICT
     }
     for (size_t t = 0; t < 8; ++t) s[j + t] = scale2 * s8[t];
   }
+  return j;
+}
+
+template <class TK, class TV>
+HWY_INLINE size_t RowScores8(const float* HWY_RESTRICT q, const TK* HWY_RESTRICT k_tile,
+                             size_t ldk, size_t nj, size_t L, float scale2,
+                             float* HWY_RESTRICT s, const TV* HWY_RESTRICT v_tile, size_t ldv,
+                             size_t keys_left, bool prefetch) {
+#if HWY_TARGET != HWY_SCALAR
+  // q's vectors in registers: up to 8 with 32 vector registers, 4 with 16
+  // (x86 below AVX-512), beside the eight accumulators.
+#if HWY_ARCH_X86 && HWY_TARGET > HWY_AVX3
+  constexpr size_t kMaxQ = 4;
+#else
+  constexpr size_t kMaxQ = 8;
+#endif
+  const size_t N = hn::Lanes(hn::ScalableTag<float>());
+  const auto run = [&](auto kq) {
+    return RowScores8Q<decltype(kq)::value>(q, k_tile, ldk, nj, L, scale2, s, v_tile, ldv,
+                                            keys_left, prefetch);
+  };
+  switch (L / N) {
+    case 1: return run(std::integral_constant<size_t, 1>());
+    case 2: return run(std::integral_constant<size_t, 2>());
+    case 3: return run(std::integral_constant<size_t, 3>());
+    case 4: return run(std::integral_constant<size_t, 4>());
+    case 5: return run(std::integral_constant<size_t, kMaxQ >= 5 ? 5 : 0>());
+    case 6: return run(std::integral_constant<size_t, kMaxQ >= 6 ? 6 : 0>());
+    case 7: return run(std::integral_constant<size_t, kMaxQ >= 7 ? 7 : 0>());
+    case 8: return run(std::integral_constant<size_t, kMaxQ >= 8 ? 8 : 0>());
+    default: return run(std::integral_constant<size_t, 0>());
+  }
 #else
   (void)q, (void)k_tile, (void)ldk, (void)nj, (void)L, (void)scale2, (void)s;
+  (void)v_tile, (void)ldv, (void)keys_left, (void)prefetch;
+  return 0;
 #endif
-  return j;
 }
 
 // One query row on dot products (decode): keys [key_begin, key_end) of K
 // and V rows `ldk` / `ldv` elements apart, read in place in their own
 // element type (f32, or 16-bit widened in registers): a decode step over a
-// long cache reads each byte once.  While the scores of a tile are computed,
-// the next K rows and the tile's V rows are prefetched, so that both
-// streams are in flight.
+// long cache reads each byte once.  Keys eight at a time (RowScores8), the
+// rest (and every key on SCALAR) one at a time; from DRAM, while the scores
+// of a tile are computed, the next K rows and the tile's V rows are
+// prefetched, so that both streams are in flight.
 template <class TK, class TV>
 HWY_NOINLINE void FlashAttentionRowByDot(const AttnDims& a, const float* HWY_RESTRICT q_i,
                                          const TK* HWY_RESTRICT k_g, size_t ldk,
@@ -403,7 +483,8 @@ HWY_NOINLINE void FlashAttentionRowByDot(const AttnDims& a, const float* HWY_RES
     const size_t nj = end - j0 < kDotKeyTile ? end - j0 : kDotKeyTile;
     const TK* HWY_RESTRICT k_tile = k_g + j0 * ldk;
     const TV* HWY_RESTRICT v_tile = v_g + j0 * ldv;
-    const size_t done = a.prefetch_kv ? 0 : RowScores8(q_i, k_tile, ldk, nj, L, scale2, s_row);
+    const size_t done = RowScores8(q_i, k_tile, ldk, nj, L, scale2, s_row, v_tile, ldv,
+                                   end - j0, a.prefetch_kv);
     for (size_t j = done; j < nj; ++j) {
       if (a.prefetch_kv) {
         if (j0 + j + kPrefetchKeys < end) {
@@ -804,7 +885,7 @@ inline void FlashAttentionRows(const AttnDims& a, const AttnViews& views, size_t
   const TensorView& vq = views.q;
   const float* HWY_RESTRICT q_blk;
   size_t ldq;
-  if (vq.IsF32()) {
+  if (vq.IsF32() && !(rows <= 4 * kGroupRows && QCopied(vq.Row(b, h, i0), vq.ss))) {
     q_blk = reinterpret_cast<const float*>(vq.Row(b, h, i0));
     ldq = vq.ss;
   } else {

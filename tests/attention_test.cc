@@ -227,6 +227,12 @@ std::vector<MhaShape> FewRowsManyKeysShapes() {
       MhaShape{1, 2, 2, 3, 1100, 80, 160, true},  MhaShape{2, 8, 2, 1, 1100, 64, 64, true},
       MhaShape{2, 4, 1, 2, 2000, 17, 33, false}, MhaShape{1, 2, 2, 4, 300, 17, 33, true},
       MhaShape{1, 3, 1, 5, 700, 64, 20, true},    MhaShape{2, 2, 0, 8, 1030, 65, 7, true},
+      // Head dims of 3, 6, 7 and 8 vectors on AVX-512, 3 and 4 on AVX2 (the
+      // eight-key scoring holds up to 8 of q's vectors in registers, up to 4
+      // on AVX2/SSE4, and loads them per row beyond that: L = 64 on AVX2).
+      MhaShape{1, 2, 1, 1, 530, 48, 50, false},   MhaShape{1, 2, 2, 1, 410, 96, 70, true},
+      MhaShape{1, 1, 0, 1, 390, 112, 9, false},   MhaShape{1, 2, 1, 1, 620, 128, 40, true},
+      MhaShape{1, 2, 1, 1, 450, 26, 30, false},   MhaShape{1, 1, 1, 1, 333, 33, 8, true},
   };
 }
 
@@ -240,8 +246,8 @@ TEST_P(Attention, FewQueryRowsOverManyKeysStayWithinBound) {
 }
 
 // The same shapes with every K/V counted as read from memory: the one-row
-// dot path then scores one key at a time and prefetches K/V rows ahead,
-// where the small shapes above run its eight-keys-at-a-time scoring.
+// dot path then prefetches K/V rows ahead of the keys it scores (eight at a
+// time, the rest one at a time), which the small shapes above never do.
 TEST_P(Attention, FewQueryRowsOverManyKeysFromMemoryStayWithinBound) {
   struct RestoreThreshold {
     ~RestoreThreshold() {
