@@ -2,8 +2,10 @@
 // one process, Dm = 512, H = 8, L = 64, causal, f32: a prefill of S = 512
 // into an empty cache and a decode step over 4096 cached tokens, medians of
 // repeated runs (wall time, rank 0, after a barrier).  Compare
-//   OMP_NUM_THREADS=1 mpirun -np 2 headsum_layer_mpi_bench    (2 ranks x 1 thread)
-//   OMP_NUM_THREADS=2 mpirun -np 1 headsum_layer_mpi_bench    (1 process x 2 threads)
+//   OMP_NUM_THREADS=1 mpirun --bind-to none -np 2 headsum_layer_mpi_bench  (2 ranks x 1 thread)
+//   OMP_NUM_THREADS=2 mpirun --bind-to none -np 1 headsum_layer_mpi_bench  (1 process x 2 threads)
+// (--bind-to none: Open MPI binds each rank to one core when there are at
+// most two, so the single process's two threads would share one core.)
 #include <mpi.h>
 #include <stdio.h>
 
