@@ -382,7 +382,9 @@ HWY_INLINE size_t RowScores8Q(const float* HWY_RESTRICT q, const TK* HWY_RESTRIC
   const size_t lv = (kQ == 0 ? L / N : kQ) * N;  // columns in whole vectors; the rest lane by lane
   // (No arrays of vectors: SVE's are sizeless types.)
   using V = hn::Vec<decltype(d)>;
-  V q0 = hn::LoadU(d, q), q1 = q0, q2 = q0, q3 = q0, q4 = q0, q5 = q0, q6 = q0, q7 = q0;
+  // Only whole vectors of q are loaded (kQ = 0 covers L < N: no load past q).
+  V q0 = hn::Zero(d), q1 = q0, q2 = q0, q3 = q0, q4 = q0, q5 = q0, q6 = q0, q7 = q0;
+  if constexpr (kQ > 0) q0 = hn::LoadU(d, q);
   if constexpr (kQ > 1) q1 = hn::LoadU(d, q + N);
   if constexpr (kQ > 2) q2 = hn::LoadU(d, q + 2 * N);
   if constexpr (kQ > 3) q3 = hn::LoadU(d, q + 3 * N);
