@@ -101,7 +101,14 @@ headsum_status ChainedSum(const ProjDims& p, const TensorView& heads, const WoSo
   const size_t row_blocks = CeilDiv(p.seq, mc), blocks = p.batch * row_blocks;
   const size_t panels = WoPanels(p.model_dim);
   const size_t threads = static_cast<size_t>(NumThreads());
-  const size_t groups = HWY_MIN(panels, CeilDiv(4 * threads, blocks));
+  // One or two rows (a decode step) read Wo in place, each element once, in
+  // column tiles that each sweep all of Wo's rows: an item takes its
+  // group's panels as one column range (MatMul's widest tiles, fewer
+  // sweeps), and the groups are as few as the threads need (one per
+  // thread for one sequence): longer runs of each Wo row per sweep, which
+  // is what keeps a Wo from memory streaming.
+  const bool few_rows = !wo.packed && HWY_MIN(mc, p.seq) <= 2;
+  const size_t groups = HWY_MIN(panels, CeilDiv((few_rows ? 1 : 4) * threads, blocks));
   const size_t per_group = CeilDiv(panels, groups);
   const size_t bytes = DTypeBytes(wo.dtype);
   const bool copies_panels = !wo.packed && HWY_MIN(mc, p.seq) >= kPackPanelRows;
@@ -119,8 +126,11 @@ headsum_status ChainedSum(const ProjDims& p, const TensorView& heads, const WoSo
     // A block of a few rows (the last of a sequence) reads Wo in place.
     const bool copies = copies_panels && r1 - r0 >= kPackPanelRows;
     const size_t panel_end = HWY_MIN((group + 1) * per_group, panels);
-    for (size_t panel = group * per_group; panel < panel_end; ++panel) {
-      const size_t c0 = panel * kWoPanelCols, c1 = HWY_MIN(c0 + kWoPanelCols, p.model_dim);
+    // Few rows: the group's panels as one range of columns.
+    const size_t panel_step = few_rows ? per_group : 1;
+    for (size_t panel = group * per_group; panel < panel_end; panel += panel_step) {
+      const size_t c0 = panel * kWoPanelCols;
+      const size_t c1 = HWY_MIN((few_rows ? panel_end : panel + 1) * kWoPanelCols, p.model_dim);
       const char* base = static_cast<const char*>(wo.data);
       const void* wo_c0 = wo.packed ? base + c0 * p.inner() * bytes : base + c0 * bytes;
       size_t ldw = wo.packed ? c1 - c0 : wo.stride;

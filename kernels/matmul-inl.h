@@ -75,6 +75,10 @@ struct KSegments {
   const float* init = nullptr;
   float* pack = nullptr;
   size_t pack_ld = 0;
+  // Rows of B ahead whose every line the one- and two-row tiles prefetch
+  // (B streamed from memory, as a decode step reads Wo); 0: only the first
+  // line of the row 8 ahead.
+  size_t prefetch_ahead = 0;
 };
 
 // bf16 B two vectors at a time: the 2N bf16 at p read as N u32 lanes, each
@@ -145,7 +149,17 @@ HWY_INLINE void MicroTile(D d, size_t K, const float* HWY_RESTRICT a, size_t lda
     const float* HWY_RESTRICT ak = a + s * chain.a_step;
     float* HWY_RESTRICT pk = kPackB ? chain.pack + s * K * chain.pack_ld + col : nullptr;
     for (size_t k = 0; k < K; ++k, bk += ldb, ak += ka) {
-      if constexpr (kRows <= 2 || kPackB) hwy::Prefetch(bk + 8 * ldb);
+      if constexpr (kRows <= 2 && !kPackB) {
+        if (chain.prefetch_ahead != 0) {
+          const char* ahead = reinterpret_cast<const char*>(bk + chain.prefetch_ahead * ldb);
+          const size_t bytes = kVecs * N * sizeof(TB);
+          for (size_t i = 0; i < bytes; i += 64) hwy::Prefetch(ahead + i);
+          hwy::Prefetch(ahead + bytes - 1);
+        } else {
+          hwy::Prefetch(bk + 8 * ldb);
+        }
+      }
+      if constexpr (kPackB) hwy::Prefetch(bk + 8 * ldb);
       if constexpr (kPackB) hwy::Prefetch(bk + 8 * ldb + kVecs * N - 1);
       V b0, b1, b2, b3, b4, b5;
       if constexpr (kPair01) {

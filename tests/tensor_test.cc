@@ -517,6 +517,9 @@ struct ProjCase {
 const ProjCase kProjCases[] = {
     {1, 20, 8, 64, 512}, {2, 3, 3, 17, 65}, {1, 1, 2, 5, 49}, {1, 65, 4, 16, 100},
     {1, 1, 8, 64, 512}, {3, 2, 3, 17, 113},  // one and two rows: the decode tiles
+    // One and two rows over all of a wide D in one column range: a 16-bit
+    // Y tile of 2 D floats, more than a panel's 64 x 48.
+    {1, 1, 2, 16, 2000}, {2, 2, 2, 8, 1601},
     // Rows in several blocks at H*L = 512 (128 rows each with a 512 KiB L2):
     // the panel filled by the first tile, read by the rest; a 5-row last block.
     {1, 133, 8, 64, 40},
