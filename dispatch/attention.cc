@@ -165,7 +165,7 @@ headsum_status Attention(const AttnDims& dims, const AttnViews& views) {
   const size_t splits = a.seq_q <= kAttentionQueryBlock && a.seq_kv >= 2 * kKeySplit
                             ? (a.seq_kv + kKeySplit - 1) / kKeySplit : 1;
   if (splits == 1 && HWY_DISPATCH_TABLE(HeadPackFloats)[t](a, views) != 0) {
-    // Token-major K/V: each thread copies a head's rows once (see
+    // Token-major or 16-bit K/V: each thread copies a head's rows once (see
     // FlashAttentionRowsHeadPacked); `call` tells this call's copies from
     // those a previous call left in the reused scratch.
     static std::atomic<uint64_t> calls{0};
