@@ -91,11 +91,12 @@ inline bool QCopied(const char* row0, size_t ld) {
 
 // K or V rows the block paths copy into scratch tile by tile: 16-bit ones
 // (widened) where a head has one query block (with several, each thread
-// widens a head's rows once: FlashAttentionRowsHeadPacked).  Strided f32 rows (token-major, a fused QKV buffer) are not
-// copied per tile (measured: 12% of a token-major S=2048 prefill in memmove,
-// as slow as reading in place without prefetch): a prefill of several query
-// blocks copies them once per kv head (FlashAttentionRowsHeadPacked), and
-// the rest read them in place, the next tile prefetched (KvRows::PrefetchTile).
+// widens a head's rows once: FlashAttentionRowsHeadPacked).  Strided f32
+// rows (token-major, a fused QKV buffer) are not copied per tile (measured:
+// 12% of a token-major S=2048 prefill in memmove, as slow as reading in
+// place without prefetch): a prefill of several query blocks copies them
+// once per kv head (FlashAttentionRowsHeadPacked), and the rest read them in
+// place, the next tile prefetched (KvRows::PrefetchTile).
 inline bool CopiesKvTile(const TensorView& t, size_t /*L*/) { return !t.IsF32(); }
 inline size_t KvTileFloats(const TensorView& t, size_t rows, size_t L) {
   return CopiesKvTile(t, L) ? rows * L : 0;
@@ -1074,9 +1075,9 @@ inline void FlashAttentionRows(const AttnDims& a, const AttnViews& views, size_t
 // drop out of the L3 between blocks (measured on Zen 1, S=2048: 0.81x of
 // the contiguous speed; copying each tile into scratch cost as much, 12% of
 // the call in its strided reads).  So the first query block of a head that
-// a thread runs copies (widens) the head's strided or 16-bit K and V rows once into
-// its scratch, contiguous, and every block of that head on the thread reads
-// the copy.  Bounded per thread; past it the rows are read in place.
+// a thread runs copies (widens) the head's strided or 16-bit K and V rows
+// once into its scratch, contiguous, and every block of that head on the
+// thread reads the copy.  Bounded per thread; past it the rows are read in place.
 constexpr size_t kHeadPackMaxFloats = size_t{1} << 21;  // 8 MiB
 // Floats before the copies: the tag (call, b, kv head) of what they hold.
 constexpr size_t kHeadPackTagFloats = 16;
