@@ -107,7 +107,7 @@ headsum_status ChainedSum(const ProjDims& p, const TensorView& heads, const WoSo
   // sweeps), and the groups are as few as the threads need (one per
   // thread for one sequence): longer runs of each Wo row per sweep, which
   // is what keeps a Wo from memory streaming.
-  const bool few_rows = !wo.packed && HWY_MIN(mc, p.seq) <= 2;
+  const bool few_rows = !wo.packed && p.seq <= 2;
   const size_t groups = HWY_MIN(panels, CeilDiv((few_rows ? 1 : 4) * threads, blocks));
   const size_t per_group = CeilDiv(panels, groups);
   const size_t bytes = DTypeBytes(wo.dtype);

@@ -1077,7 +1077,8 @@ inline void FlashAttentionRows(const AttnDims& a, const AttnViews& views, size_t
 // the call in its strided reads).  So the first query block of a head that
 // a thread runs copies (widens) the head's strided or 16-bit K and V rows
 // once into its scratch, contiguous, and every block of that head on the
-// thread reads the copy.  Bounded per thread; past it the rows are read in place.
+// thread reads the copy.  Bounded per thread; past it the rows are read as
+// without the copy (strided f32 in place, 16-bit widened tile by tile).
 constexpr size_t kHeadPackMaxFloats = size_t{1} << 21;  // 8 MiB
 // Floats before the copies: the tag (call, b, kv head) of what they hold.
 constexpr size_t kHeadPackTagFloats = 16;
@@ -1090,7 +1091,7 @@ inline size_t RoundUpFloats(size_t n) { return (n + 15) / 16 * 16; }
 // -> 26067-26442 us).
 inline bool PacksKvRows(const TensorView& t, size_t L) { return t.ss != L || !t.IsF32(); }
 
-// Floats of the copies of one kv head's strided K and V rows (0: no copy).
+// Floats of the copies of one kv head's strided or 16-bit K and V rows (0: no copy).
 // Only where a head has more than one query block to reuse them.
 inline size_t HeadPackFloats(const AttnDims& a, const AttnViews& v) {
   const size_t L = a.head_dim;

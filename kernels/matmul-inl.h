@@ -159,8 +159,10 @@ HWY_INLINE void MicroTile(D d, size_t K, const float* HWY_RESTRICT a, size_t lda
           hwy::Prefetch(bk + 8 * ldb);
         }
       }
-      if constexpr (kPackB) hwy::Prefetch(bk + 8 * ldb);
-      if constexpr (kPackB) hwy::Prefetch(bk + 8 * ldb + kVecs * N - 1);
+      if constexpr (kPackB) {
+        hwy::Prefetch(bk + 8 * ldb);
+        hwy::Prefetch(bk + 8 * ldb + kVecs * N - 1);
+      }
       V b0, b1, b2, b3, b4, b5;
       if constexpr (kPair01) {
         LoadBf16Pair(d, bk, b0, b1);
