@@ -481,6 +481,245 @@ HWY_INLINE size_t RowScores8(const float* HWY_RESTRICT q, const TK* HWY_RESTRICT
 #endif
 }
 
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+// f32 K and V rows that start off a 64-byte boundary, every row by the same
+// amount (row strides a multiple of 16 floats: a buffer 16 bytes off, as
+// std::vector gives): each 512-bit load of such a row spans two cache lines.
+// Read instead in the rows' aligned frame: a row's floats [0, L) are lanes
+// [sh, sh + L) of the kC aligned vectors that start sh floats before it; the
+// first and the last vector are loaded masked (AVX-512's masked loads
+// neither fault on nor return the lanes outside the row, which may hold
+// anything: the tail of a KV cache, another buffer), the others aligned.
+// The scores multiply them by a copy of q shifted by the same sh lanes
+// (zeros around it); P V accumulates in V's frame, and the row's
+// accumulator is shifted back once per call.  An MHA decode step (H=8,
+// L=64, Skv=512, one thread, K/V in L2, Zen 5, runs alternated with aligned
+// buffers) with buffers 16 bytes off: 29.1-31.9 -> 23.7-24.9 us (aligned
+// 24.0-27.2).  Rebuilding each unaligned vector from two aligned ones with a
+// permute instead (vpermt2ps, no frame) gained little (30.2 us): one
+// permute per vector bound the loop.  Not used for grouped rows
+// (GroupByDot): there four q rows share each load, the products bound the
+// loop, and the frame's extra vector per row (5 for 4 at L=64) cost what the
+// split loads had (measured alike).
+constexpr size_t kMaxShiftedChunks = 9;  // L = 128 at a shift
+
+struct ShiftedRows {
+  const float* HWY_RESTRICT al;  // row 0's aligned frame: 64-byte aligned
+  size_t shift;                  // lanes from al to row 0's first float
+  size_t chunks;                 // aligned vectors per row
+  size_t ld;                     // floats between rows, a multiple of 16
+
+  ShiftedRows(const float* row0, size_t ld_, size_t L) : ld(ld_) {
+    shift = (reinterpret_cast<uintptr_t>(row0) % 64) / sizeof(float);
+    al = reinterpret_cast<const float*>(reinterpret_cast<uintptr_t>(row0) - shift * sizeof(float));
+    chunks = (shift + L + 15) / 16;
+  }
+};
+
+// Whether f32 rows at row0, ld floats apart, can be read in their aligned
+// frame: every row equally misaligned, and L = 64 or 128, where the frame
+// gives every product and sum of the aligned path in the same order (the
+// plain path's lane-by-lane and four-chain tails start only past a multiple
+// of 64 columns): the results are bitwise those of aligned rows.
+inline bool ShiftedFrameFits(const float* row0, size_t ld, size_t L) {
+  return ld % 16 == 0 && reinterpret_cast<uintptr_t>(row0) % sizeof(float) == 0 &&
+         (L == 64 || L == 128);
+}
+
+// Vector c of kC of a row in its aligned frame (first / last: the lanes of
+// the row in the first and the last vector).
+template <size_t c, size_t kC, class D, class M>
+HWY_INLINE hn::Vec<D> ShiftedChunk(D d, const float* HWY_RESTRICT row_al, M first, M last) {
+  if constexpr (kC == 1) return hn::MaskedLoad(hn::And(first, last), d, row_al);
+  if constexpr (c == 0) return hn::MaskedLoad(first, d, row_al);
+  if constexpr (c + 1 == kC) return hn::MaskedLoad(last, d, row_al + c * 16);
+  return hn::Load(d, row_al + c * 16);
+}
+
+// s[j] = scale2 * q . K[j] for the first keys of a tile in K's aligned frame
+// (qs: q shifted into it, kC aligned vectors), eight at a time as in
+// RowScores8Q, with its prefetches; returns the keys done (a multiple of 8).
+template <size_t kC, class M>
+HWY_INLINE size_t RowScoresShifted(const float* HWY_RESTRICT qs, const float* HWY_RESTRICT k_al,
+                                   size_t ldk, size_t nj, M first, M last, __m512i rotate,
+                                   float scale2, float* HWY_RESTRICT s,
+                                   const float* HWY_RESTRICT v_al, size_t ldv, size_t v_bytes,
+                                   size_t keys_left, bool prefetch) {
+  const hn::ScalableTag<float> d;
+  using V = hn::Vec<decltype(d)>;
+  V q0 = hn::Load(d, qs), q1 = q0, q2 = q0, q3 = q0, q4 = q0, q5 = q0, q6 = q0, q7 = q0, q8 = q0;
+  if constexpr (kC > 1) q1 = hn::Load(d, qs + 16);
+  if constexpr (kC > 2) q2 = hn::Load(d, qs + 32);
+  if constexpr (kC > 3) q3 = hn::Load(d, qs + 48);
+  if constexpr (kC > 4) q4 = hn::Load(d, qs + 64);
+  if constexpr (kC > 5) q5 = hn::Load(d, qs + 80);
+  if constexpr (kC > 6) q6 = hn::Load(d, qs + 96);
+  if constexpr (kC > 7) q7 = hn::Load(d, qs + 112);
+  if constexpr (kC > 8) q8 = hn::Load(d, qs + 128);
+  // Lane sh + i of the frame's sums holds lane i's of the aligned path's
+  // (the same products, added in the same order): rotated back by sh lanes
+  // before the reduction across lanes.
+  const auto dot = [&](const float* HWY_RESTRICT r) {
+    auto acc = hn::MulAdd(q0, ShiftedChunk<0, kC>(d, r, first, last), hn::Zero(d));
+    if constexpr (kC > 1) acc = hn::MulAdd(q1, ShiftedChunk<1, kC>(d, r, first, last), acc);
+    if constexpr (kC > 2) acc = hn::MulAdd(q2, ShiftedChunk<2, kC>(d, r, first, last), acc);
+    if constexpr (kC > 3) acc = hn::MulAdd(q3, ShiftedChunk<3, kC>(d, r, first, last), acc);
+    if constexpr (kC > 4) acc = hn::MulAdd(q4, ShiftedChunk<4, kC>(d, r, first, last), acc);
+    if constexpr (kC > 5) acc = hn::MulAdd(q5, ShiftedChunk<5, kC>(d, r, first, last), acc);
+    if constexpr (kC > 6) acc = hn::MulAdd(q6, ShiftedChunk<6, kC>(d, r, first, last), acc);
+    if constexpr (kC > 7) acc = hn::MulAdd(q7, ShiftedChunk<7, kC>(d, r, first, last), acc);
+    if constexpr (kC > 8) acc = hn::MulAdd(q8, ShiftedChunk<8, kC>(d, r, first, last), acc);
+    return V{_mm512_permutexvar_ps(rotate, acc.raw)};
+  };
+  size_t j = 0;
+  for (; j + 8 <= nj; j += 8) {
+    const float* HWY_RESTRICT k0 = k_al + j * ldk;
+    if (prefetch) {  // as RowScores8Q
+      for (size_t t = 0; t < 8; ++t) {
+        if (j + kPrefetchKeys8 + t < keys_left) {
+          PrefetchBytes(k0 + (kPrefetchKeys8 + t) * ldk, kC * 64);
+        }
+        PrefetchBytes(v_al + (j + t) * ldv, v_bytes);
+      }
+    }
+    const auto a0 = dot(k0);
+    const auto a1 = dot(k0 + ldk);
+    const auto a2 = dot(k0 + 2 * ldk);
+    const auto a3 = dot(k0 + 3 * ldk);
+    const auto a4 = dot(k0 + 4 * ldk);
+    const auto a5 = dot(k0 + 5 * ldk);
+    const auto a6 = dot(k0 + 6 * ldk);
+    const auto a7 = dot(k0 + 7 * ldk);
+    HWY_ALIGN float s8[8];
+    StoreSumsOfLanes8(d, a0, a1, a2, a3, a4, a5, a6, a7, s8);
+    ScaleEight(s8, scale2, s + j);
+  }
+  return j;
+}
+
+// acc_s = corr * acc_s + sum_{j < n} p[j] V[j] in V's aligned frame (kC
+// aligned vectors), as RescaleAddWeightedRows: two chains per vector.
+template <size_t kC, class M>
+HWY_INLINE void RescaleAddShifted(const float* HWY_RESTRICT p, size_t n,
+                                  const float* HWY_RESTRICT v_al, size_t ldv, M first, M last,
+                                  float corr, float* HWY_RESTRICT acc_s) {
+  const hn::ScalableTag<float> d;
+  using V = hn::Vec<decltype(d)>;
+  V e0 = hn::Zero(d), e1 = e0, e2 = e0, e3 = e0, e4 = e0, e5 = e0, e6 = e0, e7 = e0, e8 = e0;
+  V o0 = e0, o1 = e0, o2 = e0, o3 = e0, o4 = e0, o5 = e0, o6 = e0, o7 = e0, o8 = e0;
+  const auto add = [&](V pj, const float* HWY_RESTRICT r, V& x0, V& x1, V& x2, V& x3, V& x4,
+                       V& x5, V& x6, V& x7, V& x8) {
+    x0 = hn::MulAdd(pj, ShiftedChunk<0, kC>(d, r, first, last), x0);
+    if constexpr (kC > 1) x1 = hn::MulAdd(pj, ShiftedChunk<1, kC>(d, r, first, last), x1);
+    if constexpr (kC > 2) x2 = hn::MulAdd(pj, ShiftedChunk<2, kC>(d, r, first, last), x2);
+    if constexpr (kC > 3) x3 = hn::MulAdd(pj, ShiftedChunk<3, kC>(d, r, first, last), x3);
+    if constexpr (kC > 4) x4 = hn::MulAdd(pj, ShiftedChunk<4, kC>(d, r, first, last), x4);
+    if constexpr (kC > 5) x5 = hn::MulAdd(pj, ShiftedChunk<5, kC>(d, r, first, last), x5);
+    if constexpr (kC > 6) x6 = hn::MulAdd(pj, ShiftedChunk<6, kC>(d, r, first, last), x6);
+    if constexpr (kC > 7) x7 = hn::MulAdd(pj, ShiftedChunk<7, kC>(d, r, first, last), x7);
+    if constexpr (kC > 8) x8 = hn::MulAdd(pj, ShiftedChunk<8, kC>(d, r, first, last), x8);
+  };
+  const float* HWY_RESTRICT v_j = v_al;
+  size_t j = 0;
+  for (; j + 2 <= n; j += 2, v_j += 2 * ldv) {
+    add(hn::Set(d, p[j]), v_j, e0, e1, e2, e3, e4, e5, e6, e7, e8);
+    add(hn::Set(d, p[j + 1]), v_j + ldv, o0, o1, o2, o3, o4, o5, o6, o7, o8);
+  }
+  if (j < n) add(hn::Set(d, p[j]), v_j, e0, e1, e2, e3, e4, e5, e6, e7, e8);
+  const auto vcorr = hn::Set(d, corr);
+  const auto fold = [&](size_t c, V e, V o) {
+    hn::Store(hn::MulAdd(hn::Load(d, acc_s + 16 * c), vcorr, hn::Add(e, o)), d, acc_s + 16 * c);
+  };
+  fold(0, e0, o0);
+  if constexpr (kC > 1) fold(1, e1, o1);
+  if constexpr (kC > 2) fold(2, e2, o2);
+  if constexpr (kC > 3) fold(3, e3, o3);
+  if constexpr (kC > 4) fold(4, e4, o4);
+  if constexpr (kC > 5) fold(5, e5, o5);
+  if constexpr (kC > 6) fold(6, e6, o6);
+  if constexpr (kC > 7) fold(7, e7, o7);
+  if constexpr (kC > 8) fold(8, e8, o8);
+}
+
+// Calls f(std::integral_constant<size_t, c>) for c = chunks: 4 or 5 (L = 64),
+// 8 or 9 (L = 128).
+template <class F>
+HWY_INLINE void WithChunks(size_t chunks, const F& f) {
+  switch (chunks) {
+    case 4: return f(std::integral_constant<size_t, 4>());
+    case 5: return f(std::integral_constant<size_t, 5>());
+    case 8: return f(std::integral_constant<size_t, 8>());
+    default: return f(std::integral_constant<size_t, 9>());
+  }
+}
+
+// FlashAttentionRowByDot over f32 K and V rows read in their aligned frames
+// (ShiftedFrameFits for both).
+HWY_NOINLINE void FlashAttentionRowByDotShifted(const AttnDims& a, const float* HWY_RESTRICT q_i,
+                                                const ShiftedRows& k, const ShiftedRows& v,
+                                                size_t visible, size_t key_begin,
+                                                size_t key_end, float* HWY_RESTRICT acc,
+                                                float* m, float* l, float* bad,
+                                                float* HWY_RESTRICT s_row) {
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  const hn::ScalableTag<float> d;
+  const size_t L = a.head_dim;
+  const size_t end = visible < key_end ? visible : key_end;
+  const float scale2 = Base2Scale(a);
+  const auto k_first = hn::Not(hn::FirstN(d, k.shift));
+  const auto k_last = hn::FirstN(d, k.shift + L - 16 * (k.chunks - 1));
+  const auto v_first = hn::Not(hn::FirstN(d, v.shift));
+  const auto v_last = hn::FirstN(d, v.shift + L - 16 * (v.chunks - 1));
+  HWY_ALIGN float qs[16 * kMaxShiftedChunks] = {};
+  HWY_ALIGN float acc_s[16 * kMaxShiftedChunks] = {};
+  memcpy(qs + k.shift, q_i, L * sizeof(float));
+  memcpy(acc_s + v.shift, acc, L * sizeof(float));
+  const __m512i rotate = _mm512_and_si512(
+      _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(k.shift)),
+                       _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)),
+      _mm512_set1_epi32(15));
+  for (size_t j0 = key_begin; j0 < end; j0 += kDotKeyTile) {
+    const size_t nj = end - j0 < kDotKeyTile ? end - j0 : kDotKeyTile;
+    const float* HWY_RESTRICT k_tile = k.al + j0 * k.ld;
+    const float* HWY_RESTRICT v_tile = v.al + j0 * v.ld;
+    size_t done = 0;
+    WithChunks(k.chunks, [&](auto kc) {
+      done = RowScoresShifted<decltype(kc)::value>(qs, k_tile, k.ld, nj, k_first, k_last,
+                                                   rotate, scale2, s_row, v_tile, v.ld,
+                                                   v.chunks * 64, end - j0, a.prefetch_kv);
+    });
+    // The rest of the tile's keys as FlashAttentionRowByDot scores them.
+    const float* HWY_RESTRICT k_rows = k_tile + k.shift;
+    const float* HWY_RESTRICT v_rows = v_tile + v.shift;
+    for (size_t j = done; j < nj; ++j) {
+      if (a.prefetch_kv) {
+        if (j0 + j + kPrefetchKeys < end) {
+          PrefetchBytes(k_rows + (j + kPrefetchKeys) * k.ld, L * sizeof(float));
+        }
+        PrefetchBytes(v_rows + j * v.ld, L * sizeof(float));
+      }
+      s_row[j] = scale2 * Dot(q_i, k_rows + j * k.ld, L);
+    }
+    const float tile_max = RowMax(s_row, nj);
+    if (!(tile_max < std::numeric_limits<float>::infinity())) {  // NaN or +inf
+      *bad = 1.0f;
+      break;
+    }
+    const float m_new = HWY_MAX(*m, tile_max);
+    if (m_new == kNegInf) continue;
+    const float correction = *m == kNegInf ? 0.0f : std::exp2(*m - m_new);
+    const float tile_sum = ExpShiftedRow</*kBase2=*/true>(s_row, nj, m_new, s_row);
+    *l = *l * correction + tile_sum;
+    *m = m_new;
+    WithChunks(v.chunks, [&](auto vc) {
+      RescaleAddShifted<decltype(vc)::value>(s_row, nj, v_tile, v.ld, v_first, v_last,
+                                             correction, acc_s);
+    });
+  }
+  memcpy(acc, acc_s + v.shift, L * sizeof(float));
+}
+#endif  // HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+
 // One query row on dot products (decode): keys [key_begin, key_end) of K
 // and V rows `ldk` / `ldv` elements apart, read in place in their own
 // element type (f32, or 16-bit widened in registers): a decode step over a
@@ -499,6 +738,16 @@ HWY_NOINLINE void FlashAttentionRowByDot(const AttnDims& a, const float* HWY_RES
   const size_t L = a.head_dim;
   const size_t end = visible < key_end ? visible : key_end;
   const float scale2 = Base2Scale(a);
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3  // FlashAttentionRowByDotShifted
+  if constexpr (std::is_same_v<TK, float> && std::is_same_v<TV, float>) {
+    if (((reinterpret_cast<uintptr_t>(k_g) | reinterpret_cast<uintptr_t>(v_g)) % 64 != 0) &&
+        ShiftedFrameFits(k_g, ldk, L) && ShiftedFrameFits(v_g, ldv, L)) {
+      FlashAttentionRowByDotShifted(a, q_i, ShiftedRows(k_g, ldk, L), ShiftedRows(v_g, ldv, L),
+                                    visible, key_begin, key_end, acc, m, l, bad, s_row);
+      return;
+    }
+  }
+#endif
   for (size_t j0 = key_begin; j0 < end; j0 += kDotKeyTile) {
     const size_t nj = end - j0 < kDotKeyTile ? end - j0 : kDotKeyTile;
     const TK* HWY_RESTRICT k_tile = k_g + j0 * ldk;
@@ -630,6 +879,43 @@ HWY_INLINE void InterleavedExp2Shifted(float* HWY_RESTRICT x, size_t keys,
   }
 }
 
+// The online softmax of a group's key tile (GroupByDot): s_keys[j * R + r]
+// (row r's scores) become their weights P in place, and m, l, bad move on;
+// corr[r] rescales row r's accumulator.  A row that is NaN already, turns
+// NaN here or has seen nothing finite leaves its accumulator as it is
+// (use[r] false), as the one-row path does.  Returns whether any row is used.
+template <size_t R>
+HWY_INLINE bool GroupTileSoftmax(float* HWY_RESTRICT s_keys, size_t nj, float* m, float* l,
+                                 float* bad, float* corr, bool* use) {
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  float tile_max[R], shift[R], tile_sum[R];
+  bool any = false;
+  InterleavedRowMaxes<R>(s_keys, nj, tile_max);
+  for (size_t r = 0; r < R; ++r) {
+    corr[r] = 1.0f;
+    use[r] = false;
+    shift[r] = 0.0f;  // a row not used: its P and its accumulator are discarded
+    if (bad[r] != 0.0f) continue;  // already NaN: nothing more to add
+    if (!(tile_max[r] < std::numeric_limits<float>::infinity())) {  // NaN or +inf
+      bad[r] = 1.0f;
+      continue;
+    }
+    const float m_new = HWY_MAX(m[r], tile_max[r]);
+    if (m_new == kNegInf) continue;
+    use[r] = true;
+    shift[r] = m_new;
+    corr[r] = m[r] == kNegInf ? 0.0f : std::exp2(m[r] - m_new);
+    m[r] = m_new;
+    any = true;
+  }
+  if (!any) return false;
+  InterleavedExp2Shifted<R>(s_keys, nj, shift, tile_sum);
+  for (size_t r = 0; r < R; ++r) {
+    if (use[r]) l[r] = l[r] * corr[r] + tile_sum[r];
+  }
+  return true;
+}
+
 // Query rows that see the same keys, kGroupRows at a time, on dot products
 // (the query heads of a GQA/MQA decode step: H/Hkv rows over one kv head's
 // cache).  Each K and V row is read once for the rows of a group, in place
@@ -649,7 +935,6 @@ HWY_NOINLINE void FlashAttentionGroupByDot(const AttnDims& a, const float* HWY_R
                                            size_t visible, size_t key_begin, size_t key_end,
                                            float* HWY_RESTRICT acc, float* m, float* l,
                                            float* bad, float* HWY_RESTRICT s_keys) {
-  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   constexpr size_t R = kGroupRows;
   const hn::ScalableTag<float> d;
   const size_t N = hn::Lanes(d);
@@ -716,35 +1001,9 @@ HWY_NOINLINE void FlashAttentionGroupByDot(const AttnDims& a, const float* HWY_R
         s_keys[j * R + r] = scale2 * Dot(q_blk + r * ldq, k_tile + j * ldk, L);
       }
     }
-    // Online softmax, row by row; corr[r] rescales row r's accumulator.
-    // A row that is NaN already, turns NaN here or has seen nothing finite
-    // leaves its accumulator as it is (use[r] false), as the one-row path does.
-    float corr[R], tile_max[R], shift[R], tile_sum[R];
+    float corr[R];
     bool use[R];
-    bool any = false;
-    InterleavedRowMaxes<R>(s_keys, nj, tile_max);
-    for (size_t r = 0; r < R; ++r) {
-      corr[r] = 1.0f;
-      use[r] = false;
-      shift[r] = 0.0f;  // a row not used: its P and its accumulator are discarded
-      if (bad[r] != 0.0f) continue;  // already NaN: nothing more to add
-      if (!(tile_max[r] < std::numeric_limits<float>::infinity())) {  // NaN or +inf
-        bad[r] = 1.0f;
-        continue;
-      }
-      const float m_new = HWY_MAX(m[r], tile_max[r]);
-      if (m_new == kNegInf) continue;
-      use[r] = true;
-      shift[r] = m_new;
-      corr[r] = m[r] == kNegInf ? 0.0f : std::exp2(m[r] - m_new);
-      m[r] = m_new;
-      any = true;
-    }
-    if (!any) continue;
-    InterleavedExp2Shifted<R>(s_keys, nj, shift, tile_sum);
-    for (size_t r = 0; r < R; ++r) {
-      if (use[r]) l[r] = l[r] * corr[r] + tile_sum[r];
-    }
+    if (!GroupTileSoftmax<R>(s_keys, nj, m, l, bad, corr, use)) continue;
     // acc[r] = corr[r] acc[r] + sum_j P[r][j] V[j], column block by block.
     const auto rest = [&](auto dc, size_t c) {  // one vector (or lane) of columns
       auto o0 = hn::Zero(dc), o1 = hn::Zero(dc), o2 = hn::Zero(dc), o3 = hn::Zero(dc);

@@ -240,6 +240,10 @@ const AttnCase kAttnCases[] = {
     {1, 4, 1, 1, 1100, 63, false},  // MQA decode, key splits
     {1, 8, 2, 1, 1030, 64, false},  // GQA decode, key splits
     {1, 2, 2, 1, 1, 1, false},
+    // MHA decode rows read in their aligned frame (f32 K/V off 64 bytes,
+    // L = 64 or 128): key splits, causal Sq < Skv.
+    {1, 4, 4, 1, 1030, 64, false},
+    {1, 2, 2, 2, 300, 128, true},
 };
 
 struct AttnBuffers {
@@ -405,6 +409,48 @@ TEST_P(TensorAttention, ContiguousF32IsThePlainCall) {
     headsum_tensor to = headsum_bhsd(o2.data(), HEADSUM_F32, c.h, c.sq, c.l);
     ASSERT_EQ(headsum_attention_tensors(&shape, &tq, &tk, &tv, &to), HEADSUM_OK);
     EXPECT_TRUE(BitwiseEqual(o1, o2, Layout{{c.b, c.h, c.sq, c.l}, "bhil"}));
+  }
+}
+
+// The same f32 values at any 4-byte offset from a 64-byte boundary give the
+// bits of 64-byte-aligned buffers: where a target reads misaligned K/V rows
+// as aligned vectors (AVX-512 decode, L = 64 or 128), the products and sums
+// are those of the aligned path, in its order.  Decode and two-row causal
+// steps, MHA and GQA, key splits; the bytes around each buffer are NaN.
+TEST_P(TensorAttention, OffsetF32BuffersGiveTheAlignedBits) {
+  const AttnCase cases[] = {{1, 4, 4, 1, 1030, 64, false}, {1, 2, 2, 2, 300, 128, true},
+                            {1, 8, 2, 1, 700, 64, false}, {2, 3, 3, 1, 33, 128, false}};
+  for (const AttnCase& c : cases) {
+    headsum_attn_shape shape = {c.b, c.h, c.hkv, c.sq, c.skv, c.l, 0.0f, c.causal ? 1 : 0};
+    const size_t nq = size_t(c.b * c.h * c.sq * c.l), nkv = size_t(c.b * c.hkv * c.skv * c.l);
+    const std::vector<float> q = RandomUniform(nq, -1, 1, 21), k = RandomUniform(nkv, -1, 1, 22),
+                             v = RandomUniform(nkv, -1, 1, 23);
+    // Copies of x at `offset` bytes past a 64-byte boundary, NaN around them.
+    const auto place = [](std::vector<float>& store, const std::vector<float>& x, size_t offset) {
+      store.assign(x.size() + 64, std::numeric_limits<float>::quiet_NaN());
+      const uintptr_t p = reinterpret_cast<uintptr_t>(store.data()) + 16 * sizeof(float);
+      float* at = reinterpret_cast<float*>((p & ~uintptr_t(63)) + offset);
+      std::copy(x.begin(), x.end(), at);
+      return at;
+    };
+    std::vector<float> aligned_out;
+    for (size_t offset : {0, 4, 16, 20, 60}) {
+      SCOPED_TRACE(offset);
+      std::vector<float> qs, ks, vs, os;
+      float* qp = place(qs, q, offset);
+      float* kp = place(ks, k, offset);
+      float* vp = place(vs, v, (offset * 3) % 64);  // V off by another amount
+      float* op = place(os, std::vector<float>(nq, 0.0f), offset);
+      ASSERT_EQ(headsum_attention(&shape, qp, kp, vp, op), HEADSUM_OK);
+      std::vector<float> out(op, op + nq);
+      if (offset == 0) {
+        aligned_out = out;
+        continue;
+      }
+      EXPECT_TRUE(BitwiseEqual(aligned_out, out, Layout{{c.b, c.h, c.sq, c.l}, "bhil"}))
+          << "B" << c.b << " H" << c.h << " Hkv" << c.hkv << " Sq" << c.sq << " Skv" << c.skv
+          << " L" << c.l;
+    }
   }
 }
 
