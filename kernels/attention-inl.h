@@ -361,6 +361,32 @@ constexpr size_t kPrefetchKeys = 8;
 // 19.6-20.3 vs 20.3-21.9 ms; 4 alike; no K prefetch 26-29 ms (16-bit).
 constexpr size_t kPrefetchKeys8 = 8;
 
+// The prefetches of a group of eight keys of the dot path (K/V from DRAM):
+// the K rows kPrefetchKeys8 keys ahead (of those left), the group's V rows.
+template <class TK, class TV>
+HWY_INLINE void PrefetchGroup8(const TK* k0, size_t ldk, size_t k_bytes, const TV* v0,
+                               size_t ldv, size_t v_bytes, size_t keys_left) {
+  for (size_t t = 0; t < 8; ++t) {
+    if (kPrefetchKeys8 + t < keys_left) PrefetchBytes(k0 + (kPrefetchKeys8 + t) * ldk, k_bytes);
+    PrefetchBytes(v0 + t * ldv, v_bytes);
+  }
+}
+
+// s8[t] = the sum of the lanes of dot(k0 + t * ldk), t < 8: eight dot
+// products' accumulators, reduced together.
+template <class D, class Dot, class TK>
+HWY_INLINE void DotSums8(D d, const Dot& dot, const TK* k0, size_t ldk, float* HWY_RESTRICT s8) {
+  const auto a0 = dot(k0);
+  const auto a1 = dot(k0 + ldk);
+  const auto a2 = dot(k0 + 2 * ldk);
+  const auto a3 = dot(k0 + 3 * ldk);
+  const auto a4 = dot(k0 + 4 * ldk);
+  const auto a5 = dot(k0 + 5 * ldk);
+  const auto a6 = dot(k0 + 6 * ldk);
+  const auto a7 = dot(k0 + 7 * ldk);
+  StoreSumsOfLanes8(d, a0, a1, a2, a3, a4, a5, a6, a7, s8);
+}
+
 // s[j] = scale2 * q . K[j] for the first keys of a tile, eight at a time,
 // their eight accumulators reduced together (StoreSumsOfLanes8), q's kQ
 // vectors held in registers (kQ = 0: more than the registers hold, loaded
@@ -420,23 +446,11 @@ HWY_INLINE size_t RowScores8Q(const float* HWY_RESTRICT q, const TK* HWY_RESTRIC
   for (; j + 8 <= nj; j += 8) {
     const TK* HWY_RESTRICT k0 = k_tile + j * ldk;
     if (prefetch) {  // K/V from DRAM: K rows kPrefetchKeys8 ahead, this group's V rows
-      for (size_t t = 0; t < 8; ++t) {
-        if (j + kPrefetchKeys8 + t < keys_left) {
-          PrefetchBytes(k0 + (kPrefetchKeys8 + t) * ldk, L * sizeof(TK));
-        }
-        PrefetchBytes(v_tile + (j + t) * ldv, L * sizeof(TV));
-      }
+      PrefetchGroup8(k0, ldk, L * sizeof(TK), v_tile + j * ldv, ldv, L * sizeof(TV),
+                     keys_left - j);
     }
-    const auto a0 = dot(k0);
-    const auto a1 = dot(k0 + ldk);
-    const auto a2 = dot(k0 + 2 * ldk);
-    const auto a3 = dot(k0 + 3 * ldk);
-    const auto a4 = dot(k0 + 4 * ldk);
-    const auto a5 = dot(k0 + 5 * ldk);
-    const auto a6 = dot(k0 + 6 * ldk);
-    const auto a7 = dot(k0 + 7 * ldk);
     HWY_ALIGN float s8[8];
-    StoreSumsOfLanes8(d, a0, a1, a2, a3, a4, a5, a6, a7, s8);
+    DotSums8(d, dot, k0, ldk, s8);
     for (size_t c = lv; c < L; ++c) {
       for (size_t t = 0; t < 8; ++t) s8[t] += q[c] * hn::GetLane(LoadF32(d1, k0 + t * ldk + c));
     }
@@ -479,6 +493,28 @@ HWY_INLINE size_t RowScores8(const float* HWY_RESTRICT q, const TK* HWY_RESTRICT
   (void)v_tile, (void)ldv, (void)keys_left, (void)prefetch;
   return 0;
 #endif
+}
+
+// The online softmax of one row's key tile (the dot paths): s_row's nj
+// scores become their weights in place and m, l move on; *correction
+// rescales the row's accumulator.  kBad: a NaN or +inf score (the row is
+// NaN, *bad set); kSkip: nothing finite seen yet (nothing to add).
+enum class TileStep { kUse, kSkip, kBad };
+HWY_INLINE TileStep RowTileSoftmax(float* HWY_RESTRICT s_row, size_t nj, float* m, float* l,
+                                   float* bad, float* correction) {
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  const float tile_max = RowMax(s_row, nj);
+  if (!(tile_max < std::numeric_limits<float>::infinity())) {  // NaN or +inf
+    *bad = 1.0f;
+    return TileStep::kBad;
+  }
+  const float m_new = HWY_MAX(*m, tile_max);
+  if (m_new == kNegInf) return TileStep::kSkip;
+  *correction = *m == kNegInf ? 0.0f : std::exp2(*m - m_new);
+  const float tile_sum = ExpShiftedRow</*kBase2=*/true>(s_row, nj, m_new, s_row);
+  *l = *l * *correction + tile_sum;
+  *m = m_new;
+  return TileStep::kUse;
 }
 
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
@@ -574,24 +610,9 @@ HWY_INLINE size_t RowScoresShifted(const float* HWY_RESTRICT qs, const float* HW
   size_t j = 0;
   for (; j + 8 <= nj; j += 8) {
     const float* HWY_RESTRICT k0 = k_al + j * ldk;
-    if (prefetch) {  // as RowScores8Q
-      for (size_t t = 0; t < 8; ++t) {
-        if (j + kPrefetchKeys8 + t < keys_left) {
-          PrefetchBytes(k0 + (kPrefetchKeys8 + t) * ldk, kC * 64);
-        }
-        PrefetchBytes(v_al + (j + t) * ldv, v_bytes);
-      }
-    }
-    const auto a0 = dot(k0);
-    const auto a1 = dot(k0 + ldk);
-    const auto a2 = dot(k0 + 2 * ldk);
-    const auto a3 = dot(k0 + 3 * ldk);
-    const auto a4 = dot(k0 + 4 * ldk);
-    const auto a5 = dot(k0 + 5 * ldk);
-    const auto a6 = dot(k0 + 6 * ldk);
-    const auto a7 = dot(k0 + 7 * ldk);
+    if (prefetch) PrefetchGroup8(k0, ldk, kC * 64, v_al + j * ldv, ldv, v_bytes, keys_left - j);
     HWY_ALIGN float s8[8];
-    StoreSumsOfLanes8(d, a0, a1, a2, a3, a4, a5, a6, a7, s8);
+    DotSums8(d, dot, k0, ldk, s8);
     ScaleEight(s8, scale2, s + j);
   }
   return j;
@@ -700,17 +721,10 @@ HWY_NOINLINE void FlashAttentionRowByDotShifted(const AttnDims& a, const float* 
       }
       s_row[j] = scale2 * Dot(q_i, k_rows + j * k.ld, L);
     }
-    const float tile_max = RowMax(s_row, nj);
-    if (!(tile_max < std::numeric_limits<float>::infinity())) {  // NaN or +inf
-      *bad = 1.0f;
-      break;
-    }
-    const float m_new = HWY_MAX(*m, tile_max);
-    if (m_new == kNegInf) continue;
-    const float correction = *m == kNegInf ? 0.0f : std::exp2(*m - m_new);
-    const float tile_sum = ExpShiftedRow</*kBase2=*/true>(s_row, nj, m_new, s_row);
-    *l = *l * correction + tile_sum;
-    *m = m_new;
+    float correction;
+    const TileStep step = RowTileSoftmax(s_row, nj, m, l, bad, &correction);
+    if (step == TileStep::kBad) break;
+    if (step == TileStep::kSkip) continue;
     WithChunks(v.chunks, [&](auto vc) {
       RescaleAddShifted<decltype(vc)::value>(s_row, nj, v_tile, v.ld, v_first, v_last,
                                              correction, acc_s);
@@ -763,17 +777,10 @@ HWY_NOINLINE void FlashAttentionRowByDot(const AttnDims& a, const float* HWY_RES
       }
       s_row[j] = scale2 * Dot(q_i, k_tile + j * ldk, L);
     }
-    const float tile_max = RowMax(s_row, nj);
-    if (!(tile_max < std::numeric_limits<float>::infinity())) {  // NaN or +inf
-      *bad = 1.0f;
-      return;
-    }
-    const float m_new = HWY_MAX(*m, tile_max);
-    if (m_new == kNegInf) continue;
-    const float correction = *m == kNegInf ? 0.0f : std::exp2(*m - m_new);
-    const float tile_sum = ExpShiftedRow</*kBase2=*/true>(s_row, nj, m_new, s_row);
-    *l = *l * correction + tile_sum;
-    *m = m_new;
+    float correction;
+    const TileStep step = RowTileSoftmax(s_row, nj, m, l, bad, &correction);
+    if (step == TileStep::kBad) return;
+    if (step == TileStep::kSkip) continue;
     RescaleAddWeightedRows(s_row, nj, v_tile, ldv, L, correction, acc);
   }
 }
@@ -949,6 +956,15 @@ HWY_NOINLINE void FlashAttentionGroupByDot(const AttnDims& a, const float* HWY_R
     // S[r][j] = scale2 q_r . k_j at s_keys[j * R + r]: key-major, as the
     // reduction of a key pair gives them (one store), and the P V loop reads
     // each key's R weights from one place.
+    // From DRAM: the K rows two keys ahead of a key pair, and its V rows.
+    const auto prefetch_pair = [&](size_t j) {
+      if (!a.prefetch_kv) return;
+      for (size_t ahead = j + kPrefetchKeys; ahead < j + kPrefetchKeys + 2; ++ahead) {
+        if (j0 + ahead < end) PrefetchBytes(k_tile + ahead * ldk, L * sizeof(T));
+      }
+      PrefetchBytes(v_tile + j * ldv, L * sizeof(T));
+      PrefetchBytes(v_tile + (j + 1) * ldv, L * sizeof(T));
+    };
     size_t j = 0;
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
     // L = 64 on AVX-512: the rows' 16 q vectors stay in registers (2 loads
@@ -962,13 +978,7 @@ HWY_NOINLINE void FlashAttentionGroupByDot(const AttnDims& a, const float* HWY_R
       const auto q20 = qv(2, 0), q21 = qv(2, 1), q22 = qv(2, 2), q23 = qv(2, 3);
       const auto q30 = qv(3, 0), q31 = qv(3, 1), q32 = qv(3, 2), q33 = qv(3, 3);
       for (; j + 2 <= nj; j += 2) {
-        if (a.prefetch_kv) {
-          for (size_t ahead = j + kPrefetchKeys; ahead < j + kPrefetchKeys + 2; ++ahead) {
-            if (j0 + ahead < end) PrefetchBytes(k_tile + ahead * ldk, L * sizeof(T));
-          }
-          PrefetchBytes(v_tile + j * ldv, L * sizeof(T));
-          PrefetchBytes(v_tile + (j + 1) * ldv, L * sizeof(T));
-        }
+        prefetch_pair(j);
         const T* HWY_RESTRICT k0 = k_tile + j * ldk;
         const T* HWY_RESTRICT k1 = k0 + ldk;
         auto a00 = hn::Zero(d), a01 = hn::Zero(d), a02 = hn::Zero(d), a03 = hn::Zero(d);
@@ -996,13 +1006,7 @@ HWY_NOINLINE void FlashAttentionGroupByDot(const AttnDims& a, const float* HWY_R
     }
 #endif
     for (; j + 2 <= nj; j += 2) {
-      if (a.prefetch_kv) {
-        for (size_t ahead = j + kPrefetchKeys; ahead < j + kPrefetchKeys + 2; ++ahead) {
-          if (j0 + ahead < end) PrefetchBytes(k_tile + ahead * ldk, L * sizeof(T));
-        }
-        PrefetchBytes(v_tile + j * ldv, L * sizeof(T));
-        PrefetchBytes(v_tile + (j + 1) * ldv, L * sizeof(T));
-      }
+      prefetch_pair(j);
       const T* HWY_RESTRICT k0 = k_tile + j * ldk;
       const T* HWY_RESTRICT k1 = k0 + ldk;
       auto a00 = hn::Zero(d), a01 = hn::Zero(d), a02 = hn::Zero(d), a03 = hn::Zero(d);
@@ -1089,26 +1093,17 @@ HWY_NOINLINE void FlashAttentionGroupByDot(const AttnDims& a, const float* HWY_R
       for (size_t jj = 0; jj < nj; ++jj, v_j += ldv, p_j += R) {
         const auto x0 = LoadF32(d, v_j), x1 = LoadF32(d, v_j + N);
         const auto x2 = LoadF32(d, v_j + 2 * N), x3 = LoadF32(d, v_j + 3 * N);
-        auto p = hn::Set(d, p_j[0]);
-        o00 = hn::MulAdd(p, x0, o00);
-        o01 = hn::MulAdd(p, x1, o01);
-        o02 = hn::MulAdd(p, x2, o02);
-        o03 = hn::MulAdd(p, x3, o03);
-        p = hn::Set(d, p_j[1]);
-        o10 = hn::MulAdd(p, x0, o10);
-        o11 = hn::MulAdd(p, x1, o11);
-        o12 = hn::MulAdd(p, x2, o12);
-        o13 = hn::MulAdd(p, x3, o13);
-        p = hn::Set(d, p_j[2]);
-        o20 = hn::MulAdd(p, x0, o20);
-        o21 = hn::MulAdd(p, x1, o21);
-        o22 = hn::MulAdd(p, x2, o22);
-        o23 = hn::MulAdd(p, x3, o23);
-        p = hn::Set(d, p_j[3]);
-        o30 = hn::MulAdd(p, x0, o30);
-        o31 = hn::MulAdd(p, x1, o31);
-        o32 = hn::MulAdd(p, x2, o32);
-        o33 = hn::MulAdd(p, x3, o33);
+        const auto add = [&](float w, V& y0, V& y1, V& y2, V& y3) {
+          const auto p = hn::Set(d, w);
+          y0 = hn::MulAdd(p, x0, y0);
+          y1 = hn::MulAdd(p, x1, y1);
+          y2 = hn::MulAdd(p, x2, y2);
+          y3 = hn::MulAdd(p, x3, y3);
+        };
+        add(p_j[0], o00, o01, o02, o03);
+        add(p_j[1], o10, o11, o12, o13);
+        add(p_j[2], o20, o21, o22, o23);
+        add(p_j[3], o30, o31, o32, o33);
       }
       const auto put = [&](size_t r, V y0, V y1, V y2, V y3) {
         if (!use[r]) return;
