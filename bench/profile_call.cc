@@ -11,6 +11,10 @@
 //             attn | attn_onednn                   (B=1 H=8 L=64, Sq=Skv=S)
 //             decode | decode_onednn               (Sq=1, Skv=S, H=8)
 //             decode_gqa | decode_gqa_onednn       (the same with Hkv=2)
+//             cache_{f32,f16,bf16}[_gqa][_native]  decode over a long cache
+//                   through headsum_attention_tensors: H=32 L=128 Skv=S,
+//                   K/V of that dtype (Hkv=8 with _gqa), q and out f32 (bf16
+//                   with _native: the native bf16 path where the CPU has one)
 //
 // e.g. valgrind --tool=callgrind --cache-sim=yes --D1=32768,8,64 \
 //        --LL=1048576,8,64 build-bench/bench/headsum_profile_call proj 2048 16 1
@@ -138,6 +142,40 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "unknown kernel %s\n", kernel.c_str());
       return 2;
     }
+  } else if (kernel.rfind("cache_", 0) == 0) {
+    const bool gqa = kernel.find("_gqa") != std::string::npos;
+    const bool native = kernel.find("_native") != std::string::npos;
+    const headsum_dtype kv_t = kernel.rfind("cache_f16", 0) == 0    ? HEADSUM_F16
+                               : kernel.rfind("cache_bf16", 0) == 0 ? HEADSUM_BF16
+                                                                    : HEADSUM_F32;
+    const headsum_dtype q_t = native ? HEADSUM_BF16 : HEADSUM_F32;
+    const int64_t Hc = 32, Hkv = gqa ? 8 : 32, Lc = 128;
+    const headsum_attn_shape a = {B, Hc, Hkv, 1, seq, Lc, 0.0f, 1};
+    // 16-bit buffers: the f32 values in (-0.5, 0.5) converted (nearest even).
+    const auto half = [&](float* f, size_t n, headsum_dtype t) -> float* {
+      if (t == HEADSUM_F32) return f;
+      float* h = Buffer((n + 1) / 2, offset, 0);
+      const int64_t dims[4] = {1, 1, 1, static_cast<int64_t>(n)};
+      const headsum_tensor src = headsum_bhsd(f, HEADSUM_F32, 1, 1, static_cast<int64_t>(n));
+      const headsum_tensor dst = headsum_bhsd(h, t, 1, 1, static_cast<int64_t>(n));
+      if (headsum_convert(dims, &src, &dst) != HEADSUM_OK) {
+        std::fprintf(stderr, "convert: %s\n", headsum_last_error());
+        std::exit(1);
+      }
+      std::free(f - offset / sizeof(float));
+      return h;
+    };
+    const size_t nq = size_t(Hc * Lc), nkv = size_t(Hkv * seq * Lc);
+    float* q = half(Buffer(nq, offset, 1), nq, q_t);
+    float* k = half(Buffer(nkv, offset, 2), nkv, kv_t);
+    float* v = half(Buffer(nkv, offset, 3), nkv, kv_t);
+    float* out = half(Buffer(nq, offset, 4), nq, q_t);
+    const headsum_tensor tq = headsum_bhsd(q, q_t, Hc, 1, Lc);
+    const headsum_tensor tk = headsum_bhsd(k, kv_t, Hkv, seq, Lc);
+    const headsum_tensor tv = headsum_bhsd(v, kv_t, Hkv, seq, Lc);
+    const headsum_tensor to = headsum_bhsd(out, q_t, Hc, 1, Lc);
+    flops = 4.0 * B * Hc * seq * Lc;
+    timed([&] { return headsum_attention_tensors(&a, &tq, &tk, &tv, &to); });
   } else {
     const bool decode = kernel.rfind("decode", 0) == 0;
     const bool gqa = kernel.find("gqa") != std::string::npos;

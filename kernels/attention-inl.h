@@ -932,8 +932,11 @@ HWY_INLINE bool GroupTileSoftmax(float* HWY_RESTRICT s_keys, size_t nj, float* m
 //           (two keys at a time: 2 x kGroupRows independent chains), the
 //           eight reduced across the lanes together (StoreSumsOfLanes8);
 //   P V:    per block of columns, each V vector is loaded once and added into
-//           every row's accumulators, kept in registers over the tile.
+//           every row's accumulators, kept in registers over a block of
+//           kPvKeys keys (L = 64 on AVX-512: over the tile).
 constexpr size_t kGroupRows = 4;
+constexpr size_t kPvPrefetchKeys = 16;  // V rows prefetched ahead in P V (from DRAM)
+constexpr size_t kPvKeys = 32;          // keys per block of P V (their V rows stay in L1)
 
 template <class T>
 HWY_NOINLINE void FlashAttentionGroupByDot(const AttnDims& a, const float* HWY_RESTRICT q_blk,
@@ -941,7 +944,8 @@ HWY_NOINLINE void FlashAttentionGroupByDot(const AttnDims& a, const float* HWY_R
                                            const T* HWY_RESTRICT v_g, size_t ldv,
                                            size_t visible, size_t key_begin, size_t key_end,
                                            float* HWY_RESTRICT acc, float* m, float* l,
-                                           float* bad, float* HWY_RESTRICT s_keys) {
+                                           float* bad, float* HWY_RESTRICT s_keys,
+                                           float* HWY_RESTRICT o_tmp) {
   constexpr size_t R = kGroupRows;
   const hn::ScalableTag<float> d;
   const size_t N = hn::Lanes(d);
@@ -1053,28 +1057,15 @@ HWY_NOINLINE void FlashAttentionGroupByDot(const AttnDims& a, const float* HWY_R
     float corr[R];
     bool use[R];
     if (!GroupTileSoftmax<R>(s_keys, nj, m, l, bad, corr, use)) continue;
-    // acc[r] = corr[r] acc[r] + sum_j P[r][j] V[j], column block by block.
-    const auto rest = [&](auto dc, size_t c) {  // one vector (or lane) of columns
-      auto o0 = hn::Zero(dc), o1 = hn::Zero(dc), o2 = hn::Zero(dc), o3 = hn::Zero(dc);
-      const T* HWY_RESTRICT v_c = v_tile + c;
-      const float* HWY_RESTRICT p_j = s_keys;
-      for (size_t jj = 0; jj < nj; ++jj, v_c += ldv, p_j += R) {
-        const auto x = LoadF32(dc, v_c);
-        o0 = hn::MulAdd(hn::Set(dc, p_j[0]), x, o0);
-        o1 = hn::MulAdd(hn::Set(dc, p_j[1]), x, o1);
-        o2 = hn::MulAdd(hn::Set(dc, p_j[2]), x, o2);
-        o3 = hn::MulAdd(hn::Set(dc, p_j[3]), x, o3);
+    // acc[r] = corr[r] acc[r] + sum_j P[r][j] V[j].
+    // From DRAM: P V prefetches each V row kPvPrefetchKeys keys ahead.  (The
+    // scores loop's prefetches of V, up to a tile of keys earlier, did not
+    // keep them: on a Sapphire Rapids VM, H=32 Hkv=8 L=128 Skv=32768 bf16
+    // K/V, one thread, the loads of V took ~40% of the samples.)
+    const auto prefetch_v = [&](size_t jj) {
+      if (a.prefetch_kv && jj + kPvPrefetchKeys < nj) {
+        PrefetchBytes(v_tile + (jj + kPvPrefetchKeys) * ldv, L * sizeof(T));
       }
-      // (No arrays of vectors: SVE's are sizeless types.)
-      const auto put = [&](size_t r, decltype(o0) o) {
-        if (!use[r]) return;
-        float* HWY_RESTRICT a_rc = acc + r * L + c;
-        hn::StoreU(hn::MulAdd(hn::LoadU(dc, a_rc), hn::Set(dc, corr[r]), o), dc, a_rc);
-      };
-      put(0, o0);
-      put(1, o1);
-      put(2, o2);
-      put(3, o3);
     };
     size_t c = 0;
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
@@ -1091,6 +1082,7 @@ HWY_NOINLINE void FlashAttentionGroupByDot(const AttnDims& a, const float* HWY_R
       const T* HWY_RESTRICT v_j = v_tile;
       const float* HWY_RESTRICT p_j = s_keys;
       for (size_t jj = 0; jj < nj; ++jj, v_j += ldv, p_j += R) {
+        prefetch_v(jj);
         const auto x0 = LoadF32(d, v_j), x1 = LoadF32(d, v_j + N);
         const auto x2 = LoadF32(d, v_j + 2 * N), x3 = LoadF32(d, v_j + 3 * N);
         const auto add = [&](float w, V& y0, V& y1, V& y2, V& y3) {
@@ -1121,44 +1113,100 @@ HWY_NOINLINE void FlashAttentionGroupByDot(const AttnDims& a, const float* HWY_R
       c = L;
     }
 #endif
-    for (; c + 2 * N <= lv; c += 2 * N) {  // two vectors: 8 accumulators
-      auto o00 = hn::Zero(d), o01 = hn::Zero(d), o10 = hn::Zero(d), o11 = hn::Zero(d);
-      auto o20 = hn::Zero(d), o21 = hn::Zero(d), o30 = hn::Zero(d), o31 = hn::Zero(d);
-      const T* HWY_RESTRICT v_c = v_tile + c;
-      const float* HWY_RESTRICT p_j = s_keys;
-      // One weight register at a time (8 accumulators + 2 V vectors + 1):
-      // with all four weights live GCC spilled an accumulator to the stack
-      // and the loop ran at the store-to-load latency.
-      for (size_t jj = 0; jj < nj; ++jj, v_c += ldv, p_j += R) {
-        const auto x0 = LoadF32(d, v_c), x1 = LoadF32(d, v_c + N);
-        auto p = hn::Set(d, p_j[0]);
-        o00 = hn::MulAdd(p, x0, o00);
-        o01 = hn::MulAdd(p, x1, o01);
-        p = hn::Set(d, p_j[1]);
-        o10 = hn::MulAdd(p, x0, o10);
-        o11 = hn::MulAdd(p, x1, o11);
-        p = hn::Set(d, p_j[2]);
-        o20 = hn::MulAdd(p, x0, o20);
-        o21 = hn::MulAdd(p, x1, o21);
-        p = hn::Set(d, p_j[3]);
-        o30 = hn::MulAdd(p, x0, o30);
-        o31 = hn::MulAdd(p, x1, o31);
-      }
-      const auto put = [&](size_t r, decltype(o00) lo, decltype(o00) hi) {
-        if (!use[r]) return;
-        float* HWY_RESTRICT a_rc = acc + r * L + c;
-        const auto cr = hn::Set(d, corr[r]);
-        hn::StoreU(hn::MulAdd(hn::LoadU(d, a_rc), cr, lo), d, a_rc);
-        hn::StoreU(hn::MulAdd(hn::LoadU(d, a_rc + N), cr, hi), d, a_rc + N);
+    if (c < L) {
+      // P V in blocks of kPvKeys keys: all column blocks of a key block
+      // while its V rows are in L1, each column block's sums carried from
+      // one key block to the next through o_tmp (the same sums in the same
+      // order as one pass per column block over all the tile's keys, so the
+      // same bits; that read each V row once per column block: at L = 128,
+      // four passes over the tile's V, each a 64-byte line of every row).
+      // With the V prefetch above, alternated with the one-pass-per-column-
+      // block loop (which had it too) on the Sapphire Rapids VM, H=32 Hkv=8
+      // L=128 Skv=32768 decode, medians of 5 calls, 3 rounds: bf16 K/V one
+      // thread 39.8-41.3 -> 34.7-38.3 ms, two threads 17.2-22.6 -> 15.9-17.8
+      // ms, f16 38.3-44.6 -> 35.1-37.0 ms, f32 47.9-56.6 -> 46.9-52.2 ms;
+      // K/V in L2 (Skv=512) 223-234 -> 234-242 us (the o_tmp round trips).
+      const auto block = [&](auto dc, size_t cc, size_t jb, size_t nb) {  // one vector or lane
+        const bool first = jb == 0;
+        const auto load = [&](size_t r) {
+          return first ? hn::Zero(dc) : hn::LoadU(dc, o_tmp + r * L + cc);
+        };
+        auto o0 = load(0), o1 = load(1), o2 = load(2), o3 = load(3);
+        const T* HWY_RESTRICT v_c = v_tile + jb * ldv + cc;
+        const float* HWY_RESTRICT p_j = s_keys + jb * R;
+        for (size_t jj = 0; jj < nb; ++jj, v_c += ldv, p_j += R) {
+          if (cc == 0) prefetch_v(jb + jj);
+          const auto x = LoadF32(dc, v_c);
+          o0 = hn::MulAdd(hn::Set(dc, p_j[0]), x, o0);
+          o1 = hn::MulAdd(hn::Set(dc, p_j[1]), x, o1);
+          o2 = hn::MulAdd(hn::Set(dc, p_j[2]), x, o2);
+          o3 = hn::MulAdd(hn::Set(dc, p_j[3]), x, o3);
+        }
+        hn::StoreU(o0, dc, o_tmp + cc);
+        hn::StoreU(o1, dc, o_tmp + L + cc);
+        hn::StoreU(o2, dc, o_tmp + 2 * L + cc);
+        hn::StoreU(o3, dc, o_tmp + 3 * L + cc);
       };
-      put(0, o00, o01);
-      put(1, o10, o11);
-      put(2, o20, o21);
-      put(3, o30, o31);
+      const hn::CappedTag<float, 1> d1;
+      for (size_t jb = 0; jb < nj; jb += kPvKeys) {
+        const size_t nb = nj - jb < kPvKeys ? nj - jb : kPvKeys;
+        const bool first = jb == 0;
+        size_t cc = c;
+        for (; cc + 2 * N <= lv; cc += 2 * N) {  // two vectors: 8 accumulators
+          const auto load = [&](size_t r, size_t x) {
+            return first ? hn::Zero(d) : hn::LoadU(d, o_tmp + r * L + cc + x);
+          };
+          auto o00 = load(0, 0), o01 = load(0, N), o10 = load(1, 0), o11 = load(1, N);
+          auto o20 = load(2, 0), o21 = load(2, N), o30 = load(3, 0), o31 = load(3, N);
+          const T* HWY_RESTRICT v_c = v_tile + jb * ldv + cc;
+          const float* HWY_RESTRICT p_j = s_keys + jb * R;
+          // One weight register at a time (8 accumulators + 2 V vectors + 1):
+          // with all four weights live GCC spilled an accumulator to the
+          // stack and the loop ran at the store-to-load latency.
+          for (size_t jj = 0; jj < nb; ++jj, v_c += ldv, p_j += R) {
+            if (cc == 0) prefetch_v(jb + jj);
+            const auto x0 = LoadF32(d, v_c), x1 = LoadF32(d, v_c + N);
+            auto p = hn::Set(d, p_j[0]);
+            o00 = hn::MulAdd(p, x0, o00);
+            o01 = hn::MulAdd(p, x1, o01);
+            p = hn::Set(d, p_j[1]);
+            o10 = hn::MulAdd(p, x0, o10);
+            o11 = hn::MulAdd(p, x1, o11);
+            p = hn::Set(d, p_j[2]);
+            o20 = hn::MulAdd(p, x0, o20);
+            o21 = hn::MulAdd(p, x1, o21);
+            p = hn::Set(d, p_j[3]);
+            o30 = hn::MulAdd(p, x0, o30);
+            o31 = hn::MulAdd(p, x1, o31);
+          }
+          const auto store = [&](size_t r, decltype(o00) lo, decltype(o00) hi) {
+            hn::StoreU(lo, d, o_tmp + r * L + cc);
+            hn::StoreU(hi, d, o_tmp + r * L + cc + N);
+          };
+          store(0, o00, o01);
+          store(1, o10, o11);
+          store(2, o20, o21);
+          store(3, o30, o31);
+        }
+        for (; cc + N <= lv; cc += N) block(d, cc, jb, nb);
+        for (; cc < L; ++cc) block(d1, cc, jb, nb);
+      }
+      for (size_t r = 0; r < R; ++r) {  // acc = corr acc + P V
+        if (!use[r]) continue;
+        float* HWY_RESTRICT a_r = acc + r * L;
+        const float* HWY_RESTRICT o_r = o_tmp + r * L;
+        size_t cc = c;
+        for (; cc + N <= lv; cc += N) {
+          hn::StoreU(hn::MulAdd(hn::LoadU(d, a_r + cc), hn::Set(d, corr[r]), hn::LoadU(d, o_r + cc)),
+                     d, a_r + cc);
+        }
+        for (; cc < L; ++cc) {
+          hn::StoreU(hn::MulAdd(hn::LoadU(d1, a_r + cc), hn::Set(d1, corr[r]),
+                                hn::LoadU(d1, o_r + cc)),
+                     d1, a_r + cc);
+        }
+      }
     }
-    for (; c + N <= lv; c += N) rest(d, c);
-    const hn::CappedTag<float, 1> d1;
-    for (; c < L; ++c) rest(d1, c);
   }
 }
 
@@ -1167,13 +1215,13 @@ HWY_NOINLINE void FlashAttentionGroupByDot(const AttnDims& a, const float* HWY_R
 inline void GroupByDot(const AttnDims& a, const float* HWY_RESTRICT q_blk, size_t ldq,
                        const KvRows& k_g, const KvRows& v_g, size_t visible, size_t key_begin,
                        size_t key_end, float* HWY_RESTRICT acc, float* m, float* l, float* bad,
-                       float* HWY_RESTRICT s_rows) {
+                       float* HWY_RESTRICT s_rows, float* HWY_RESTRICT o_tmp) {
   if (k_g.dtype == v_g.dtype) {
     WithElementType(k_g.dtype, k_g.base, [&](const auto* k) {
       using T = std::remove_cv_t<std::remove_pointer_t<decltype(k)>>;
       const T* v = reinterpret_cast<const T*>(v_g.base);
       FlashAttentionGroupByDot(a, q_blk, ldq, k, k_g.stride, v, v_g.stride, visible, key_begin,
-                               key_end, acc, m, l, bad, s_rows);
+                               key_end, acc, m, l, bad, s_rows, o_tmp);
     });
     return;
   }
@@ -1184,7 +1232,7 @@ inline void GroupByDot(const AttnDims& a, const float* HWY_RESTRICT q_blk, size_
     const float* HWY_RESTRICT k_tile = k_g.Tile(j0, nj, L, &ldk);
     const float* HWY_RESTRICT v_tile = v_g.Tile(j0, nj, L, &ldv);
     FlashAttentionGroupByDot(a, q_blk, ldq, k_tile, ldk, v_tile, ldv, nj, 0, nj, acc, m, l, bad,
-                             s_rows);
+                             s_rows, o_tmp);
   }
 }
 
@@ -1289,7 +1337,7 @@ inline void FlashAttentionRows(const AttnDims& a, const AttnViews& views, size_t
     size_t r = 0;
     for (; r + kGroupRows <= rows; r += kGroupRows) {
       GroupByDot(a, q_blk + r * ldq, ldq, k_g, v_g, visible, key_begin, key_end,
-                 f.acc + r * L, f.m + r, f.l + r, f.bad + r, f.s_t);
+                 f.acc + r * L, f.m + r, f.l + r, f.bad + r, f.s_t, f.k_t);
     }
     for (; r < rows; ++r) {
       RowByDot(a, q_blk + r * ldq, k_g, v_g, visible, key_begin, key_end, f.acc + r * L,
