@@ -139,8 +139,9 @@ headsum_status Attention(const AttnDims& dims, const AttnViews& views) {
   AttnDims a = dims;
   a.prefetch_kv = KvFromMemory(dims, views);
   // bf16 inputs (or any, under fpmath BF16) on a native bf16 path in force.
+  // (Except few rows of bf16 on AMX_BF16: NativeFewRowsOnF32.)
   if (const native::Path* n = NativeFor({views.q.dtype, views.k.dtype, views.v.dtype})) {
-    return NativeAttention(*n, a, views);
+    if (!NativeFewRowsOnF32(*n, a, views)) return NativeAttention(*n, a, views);
   }
   // A decode step (Sq = 1) of grouped heads: the query rows of the heads that
   // share a kv head are one head stride apart in Q and O, so each group is

@@ -1,5 +1,7 @@
 #include "dispatch/native_ops.h"
 
+#include <cstring>
+
 #include "dispatch/targets.h"
 #include "dispatch/threads.h"
 #include "dispatch/test_hooks.h"
@@ -26,6 +28,16 @@ const native::Path* NativeFor(std::initializer_list<DType> inputs) {
     if (t != DType::kBF16) return nullptr;
   }
   return path;
+}
+
+bool NativeFewRowsOnF32(const native::Path& path, const AttnDims& a, const AttnViews& views) {
+  if (std::strcmp(path.name, "AMX_BF16") != 0) return false;
+  if (views.q.dtype != DType::kBF16 || views.k.dtype != DType::kBF16 ||
+      views.v.dtype != DType::kBF16) {
+    return false;
+  }
+  const size_t rows = a.seq_q == 1 ? a.group() : a.seq_q;
+  return rows < native::kAmxMinTileRows;
 }
 
 headsum_status NativeAttention(const native::Path& path, const AttnDims& a,

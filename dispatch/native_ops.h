@@ -22,6 +22,16 @@ namespace dispatch {
 // one is in force and either every input is bf16 or fpmath is BF16.
 const native::Path* NativeFor(std::initializer_list<DType> inputs);
 
+// Whether an attention call that NativeFor sends to `path` runs on the f32
+// kernels instead: on AMX_BF16, q, K and V all bf16 (exact in f32) and rows
+// too few for a tile (a decode step's one row or kv group, Sq < 8), which
+// would run on VDPBF16PS; on Sapphire Rapids that instruction does about
+// half the work per cycle of the f32 FMA (probes 75 vs 138 GFLOP/s), and
+// the f32 kernels reading the bf16 K/V in place are faster (README, "Native
+// bf16 arithmetic").  f32 inputs under fpmath BF16 stay native (the f32
+// kernels would not round them).
+bool NativeFewRowsOnF32(const native::Path& path, const AttnDims& a, const AttnViews& views);
+
 headsum_status NativeAttention(const native::Path& path, const AttnDims& a,
                                const AttnViews& views);
 

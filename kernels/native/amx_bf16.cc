@@ -261,9 +261,7 @@ void AmxGroupBlock(const AttnDims& a, const AttnScratch& s, size_t i0, size_t r0
            s.acc + r0 * s.Lv);
 }
 
-// Rows of an item below this run on VDPBF16PS (a tile would be mostly
-// padding); from it up, in 16-row tile groups.
-constexpr size_t kMinTileRows = 8;
+constexpr size_t kMinTileRows = kAmxMinTileRows;
 
 template <class T>
 void AmxAttentionRows(const AttnDims& a, const AttnViews& v, size_t b, size_t h, size_t i0,

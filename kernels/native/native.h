@@ -83,6 +83,10 @@ struct Path {
                        size_t panel0, size_t panel1, float* scratch);
 };
 
+// AMX_BF16: an item's rows below this run on VDPBF16PS (a tile would be
+// mostly padding); from it up, in 16-row tile groups.
+constexpr size_t kAmxMinTileRows = 8;
+
 // The paths this build compiled, best first (nullptr-terminated list); a
 // path not compiled (compiler without the flags, other architecture) is
 // absent.
