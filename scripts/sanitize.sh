@@ -27,6 +27,15 @@ cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DHEADSUM_SANITIZE=addr
   -DHEADSUM_BUILD_BENCH=OFF "-DHEADSUM_HWY_DISABLED_TARGETS=$disabled"
 cmake --build "$build" -j"$(nproc)"
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
+# The kernel tests sweep the small shape list (HEADSUM_TEST_SWEEP=small: the
+# seed and every Sq, Skv in {1, 17, 65}, causal and not, so every tail a
+# vector length leaves, fully masked rows included): the sanitizers look for
+# reads and writes out of bounds and undefined arithmetic, which the tails
+# and the edges exercise; the full sweep's further sizes run unsanitized on
+# every target in scripts/test.sh (and tests/guard_pages_test.cc puts each
+# buffer against a protected page there).  HEADSUM_TEST_SWEEP=full for the
+# whole sweep here too.
+export HEADSUM_TEST_SWEEP=${HEADSUM_TEST_SWEEP:-small}
 # oneDNN and libgomp are not instrumented; their one-time allocations are not leaks of ours.
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0:abort_on_error=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
