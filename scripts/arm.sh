@@ -24,9 +24,13 @@
 #   max,sve256=on   SVE_256 (its only length)          the reference checks
 #   max             SVE                                the reference checks (512-bit)
 #
-# The reference checks: attention, qk_scores, softmax_v, the projection,
-# fully masked rows, and the tensor attention over every dtype and layout,
-# each against the double reference over the small sweep.  On NEON_BF16 the
+# The reference checks: every kernel against the double reference (small
+# sweep): attention, qk_scores, softmax_v, fully masked rows, the projection
+# plain, packed and gated with its per-head outputs, the contribution norms
+# and attribution, the tensor attention over every dtype and layout, the
+# dtype conversion, and the layer's prefill and decode steps (rotary
+# positions, KV cache); of the tensor projection (16-bit Wo, strides) only
+# its f32 core, the projection above (the whole test takes ~190 s there).  On NEON_BF16 the
 # f32-only suites are left out (they run the best Highway target there,
 # SVE2_128, which runs them as Targets/.../SVE2_128).  The tests that are not
 # per target (API, validation, layer, examples) run under cortex-a72 and
@@ -115,7 +119,7 @@ export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 # target they run the best Highway target), and the reference checks run at
 # the wider vector lengths.
 f32_only='(Attention|QkScores|SoftmaxV|ProjectHeadsSum|ProjectHeadsSumEx|ProjectHeadsSumPacked|HeadContributionNorms|HeadAttribution|PerHead|Numerics|FullyMaskedRows)'
-reference_checks='(Attention\.EqualsSoftmaxOfScaledQKTransposeTimesV|QkScores\.EqualsScaledQKTransposeWithMinusInfWhereMasked|SoftmaxV\.EqualsSoftmaxAlongKeysTimesV|ProjectHeadsSum\.EqualsConcatThenGemmReference|FullyMaskedRows\.[A-Za-z]+|TensorAttention\.EveryDtypeAndLayoutMatchesReference)'
+reference_checks='(Attention\.EqualsSoftmaxOfScaledQKTransposeTimesV|QkScores\.EqualsScaledQKTransposeWithMinusInfWhereMasked|SoftmaxV\.EqualsSoftmaxAlongKeysTimesV|ProjectHeadsSum\.EqualsConcatThenGemmReference|ProjectHeadsSumPacked\.EqualsReferenceAndPlainCallBitwise|ProjectHeadsSumEx\.EqualsGatedSumOfHeadContributions|HeadContributionNorms\.EqualsNormsOfHeadContributions|HeadAttribution\.EqualsContributionsDottedWithDirections|FullyMaskedRows\.[A-Za-z]+|TensorAttention\.EveryDtypeAndLayoutMatchesReference|TensorConvert\.BitExactOnTiesSubnormalsNanOverflowAndSignedZero|LayerCache\.PrefillThenDecodeStepsMatchReference)'
 logs=$build/qemu-logs
 mkdir -p "$logs"
 failed_cpus=()
