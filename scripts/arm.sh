@@ -30,15 +30,16 @@
 # and attribution, the tensor attention over every dtype and layout, the
 # dtype conversion, and the layer's prefill and decode steps (rotary
 # positions, KV cache); of the tensor projection (16-bit Wo, strides) only
-# its f32 core, the projection above (the whole test takes ~190 s there).  On NEON_BF16 the
-# f32-only suites are left out (they run the best Highway target there,
-# SVE2_128, which runs them as Targets/.../SVE2_128).  The tests that are not
-# per target (API, validation, layer, examples) run under cortex-a72 and
-# max,sve128=on, on their best targets (HEADSUM_ARM_ALL_TARGETS=1: under
-# every CPU, and every target under every CPU that runs it).  The kernel
-# tests use the small shape sweep (HEADSUM_TEST_SWEEP=small; =full for the
-# whole sweep, several times as long under qemu).  The benchmark is built but not run: qemu timings say
-# nothing about an Arm CPU.
+# its f32 core, the projection above (the whole test takes ~190 s there).
+# On NEON_BF16 the f32-only suites are left out (they run the best Highway
+# target there, SVE2_128, which runs them as Targets/.../SVE2_128).  The
+# tests that are not per target (API, validation, layer, examples) run under
+# cortex-a72 and max,sve128=on, on their best targets
+# (HEADSUM_ARM_ALL_TARGETS=1: under every CPU, and every target under every
+# CPU that runs it).  The kernel tests use the small shape sweep
+# (HEADSUM_TEST_SWEEP=small; =full for the whole sweep, several times as long
+# under qemu).  The benchmark is built but not run: qemu timings say nothing
+# about an Arm CPU.
 #
 # Installs what it needs first (arm64 multiarch packages beside the amd64
 # ones, the cross compiler, qemu-user-static; only what is missing).  Builds
@@ -115,10 +116,9 @@ t_package=$(date +%s)
 # ---- 4. the test suite under each emulated CPU ----------------------------------
 export HEADSUM_TEST_SWEEP=${HEADSUM_TEST_SWEEP:-small}
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
-# HEADSUM_ARM_ALL_TARGETS=0: the suites that only make f32 calls (on a native
-# target they run the best Highway target), and the reference checks run at
-# the wider vector lengths.
-f32_only='(Attention|QkScores|SoftmaxV|ProjectHeadsSum|ProjectHeadsSumEx|ProjectHeadsSumPacked|HeadContributionNorms|HeadAttribution|PerHead|Numerics|FullyMaskedRows)'
+# HEADSUM_ARM_ALL_TARGETS=0: the suites that only make f32 calls (left out on
+# NEON_BF16), and the reference checks run at the wider vector lengths.
+. scripts/f32_only_suites.sh
 reference_checks='(Attention\.EqualsSoftmaxOfScaledQKTransposeTimesV|QkScores\.EqualsScaledQKTransposeWithMinusInfWhereMasked|SoftmaxV\.EqualsSoftmaxAlongKeysTimesV|ProjectHeadsSum\.EqualsConcatThenGemmReference|ProjectHeadsSumPacked\.EqualsReferenceAndPlainCallBitwise|ProjectHeadsSumEx\.EqualsGatedSumOfHeadContributions|HeadContributionNorms\.EqualsNormsOfHeadContributions|HeadAttribution\.EqualsContributionsDottedWithDirections|FullyMaskedRows\.[A-Za-z]+|TensorAttention\.EveryDtypeAndLayoutMatchesReference|TensorConvert\.BitExactOnTiesSubnormalsNanOverflowAndSignedZero|LayerCache\.PrefillThenDecodeStepsMatchReference)'
 logs=$build/qemu-logs
 mkdir -p "$logs"
@@ -132,7 +132,7 @@ for cpu in "${cpus[@]}"; do
   if [ "${HEADSUM_ARM_ALL_TARGETS:-1}" = 0 ]; then
     case "$cpu" in
       cortex-a72)    exclude+='|/(SVE|SVE2|SVE_256|SVE2_128|NEON_BF16)( |$)' ;;
-      max,sve128=on) exclude+="|/(NEON|SCALAR|SVE_256)( |\$)|^Targets/$f32_only\\.[A-Za-z]+/NEON_BF16( |\$)" ;;
+      max,sve128=on) exclude+="|/(NEON|SCALAR|SVE_256)( |\$)|^Targets/$f32_only_suites\\.[A-Za-z]+/NEON_BF16( |\$)" ;;
       max,sve256=on) only=(-R "^Targets/$reference_checks/SVE_256( |\$)") ;;
       max)           only=(-R "^Targets/$reference_checks/SVE( |\$)") ;;
       *) if [ "$first" = 0 ]; then exclude+='|/(NEON|SCALAR)( |$)'; fi ;;

@@ -47,6 +47,7 @@ export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 # runs them all.
 skip=""
 if [ "${HEADSUM_SANITIZE_ALL_TARGETS:-0}" != 1 ]; then
-  skip='^Targets/(Attention|QkScores|SoftmaxV|ProjectHeadsSum|ProjectHeadsSumEx|ProjectHeadsSumPacked|HeadContributionNorms|HeadAttribution|PerHead|Numerics|FullyMaskedRows)\.[A-Za-z]+/(AMX_BF16|AVX512_BF16) '
+  . scripts/f32_only_suites.sh
+  skip="^Targets/$f32_only_suites\\.[A-Za-z]+/(AMX_BF16|AVX512_BF16) "
 fi
 ctest --test-dir "$build" --output-on-failure -j"$(nproc)" ${skip:+-E "$skip"}
