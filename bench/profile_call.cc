@@ -11,8 +11,9 @@
 //             attn | attn_onednn                   (B=1 H=8 L=64, Sq=Skv=S)
 //             decode | decode_onednn               (Sq=1, Skv=S, H=8)
 //             decode_gqa | decode_gqa_onednn       (the same with Hkv=2)
-//             cache_{f32,f16,bf16}[_gqa][_native]  decode over a long cache
-//                   through headsum_attention_tensors: H=32 L=128 Skv=S,
+//             cache_{f32,f16,bf16}[_gqa][_native][_l64]  decode over a long
+//                   cache through headsum_attention_tensors: H=32 L=128 (64
+//                   with _l64) Skv=S,
 //                   K/V of that dtype (Hkv=8 with _gqa), q and out f32 (bf16
 //                   with _native: the native bf16 path where the CPU has one)
 //
@@ -149,7 +150,8 @@ int main(int argc, char** argv) {
                                : kernel.rfind("cache_bf16", 0) == 0 ? HEADSUM_BF16
                                                                     : HEADSUM_F32;
     const headsum_dtype q_t = native ? HEADSUM_BF16 : HEADSUM_F32;
-    const int64_t Hc = 32, Hkv = gqa ? 8 : 32, Lc = 128;
+    const int64_t Hc = 32, Hkv = gqa ? 8 : 32;
+    const int64_t Lc = kernel.find("_l64") != std::string::npos ? 64 : 128;
     const headsum_attn_shape a = {B, Hc, Hkv, 1, seq, Lc, 0.0f, 1};
     // 16-bit buffers: the f32 values in (-0.5, 0.5) converted (nearest even).
     const auto half = [&](float* f, size_t n, headsum_dtype t) -> float* {

@@ -42,7 +42,8 @@ constexpr size_t kTileVecs = 2;
 // A wider tile for long products with 32 vector registers (AVX-512, Arm):
 // 8 x 3 = 24 accumulators, 3 loads of B and 8 broadcasts per 24 FMAs.  The
 // projection gains from it (K = L per head, whole Y rows); the attention
-// products, with their short K and per-tile epilogues, run best on 6 x 2.
+// products, with their short K and per-tile epilogues, run on 6 x 2 (the
+// scores of a query block on AVX-512: 6 x 4, FlashAttentionRows).
 #if (HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3) || HWY_ARCH_ARM_A64
 constexpr size_t kWideRows = 8;
 constexpr size_t kWideVecs = 3;

@@ -244,6 +244,11 @@ const AttnCase kAttnCases[] = {
     // L = 64 or 128): key splits, causal Sq < Skv.
     {1, 4, 4, 1, 1030, 64, false},
     {1, 2, 2, 2, 300, 128, true},
+    // GQA decode over bf16 K/V read as element pairs (L a multiple of two
+    // vectors: 128 everywhere, 48 below AVX-512 only), an odd key count in
+    // the last key split.
+    {1, 8, 2, 1, 701, 128, false},
+    {1, 12, 3, 1, 301, 48, false},
 };
 
 struct AttnBuffers {
