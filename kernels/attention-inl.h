@@ -938,6 +938,73 @@ constexpr size_t kGroupRows = 4;
 constexpr size_t kPvPrefetchKeys = 16;  // V rows prefetched ahead in P V (from DRAM)
 constexpr size_t kPvKeys = 32;          // keys per block of P V (their V rows stay in L1)
 
+// The grouped decode's prefetches for the key pair at j of a tile (K/V from
+// DRAM): the K rows kPrefetchKeys ahead (of the keys_left from j0 + ... on),
+// and the pair's own V rows.
+template <class T>
+HWY_INLINE void PrefetchGroupPair(const T* HWY_RESTRICT k_tile, size_t ldk,
+                                  const T* HWY_RESTRICT v_tile, size_t ldv, size_t j,
+                                  size_t keys_left, size_t L) {
+  for (size_t ahead = j + kPrefetchKeys; ahead < j + kPrefetchKeys + 2; ++ahead) {
+    if (ahead < keys_left) PrefetchBytes(k_tile + ahead * ldk, L * sizeof(T));
+  }
+  PrefetchBytes(v_tile + j * ldv, L * sizeof(T));
+  PrefetchBytes(v_tile + (j + 1) * ldv, L * sizeof(T));
+}
+
+// One block of two vectors of columns of the grouped P V over keys
+// [jb, jb + nb) of a tile: o_tmp[r][cc, cc + 2N) (+)= sum_j P[r][j] V[j]
+// for the kGroupRows rows, the sums carried in o_tmp from one key block to
+// the next (started at zero when `first`).  load2(v, x0, x1) reads the two
+// vectors of V at v (in column order, or as deinterleaved pairs: the sums
+// then come out in that order); prefetch(j) is called once per key when
+// `prefetching`.
+template <class T, class Load2, class Prefetch>
+HWY_INLINE void GroupPvBlock2(const Load2& load2, const T* HWY_RESTRICT v_tile, size_t ldv,
+                              const float* HWY_RESTRICT s_keys, size_t jb, size_t nb,
+                              size_t cc, size_t L, bool first, bool prefetching,
+                              const Prefetch& prefetch, float* HWY_RESTRICT o_tmp) {
+  constexpr size_t R = kGroupRows;
+  const hn::ScalableTag<float> d;
+  using V = hn::Vec<decltype(d)>;
+  const size_t N = hn::Lanes(d);
+  const auto load = [&](size_t r, size_t x) {
+    return first ? hn::Zero(d) : hn::LoadU(d, o_tmp + r * L + cc + x);
+  };
+  V o00 = load(0, 0), o01 = load(0, N), o10 = load(1, 0), o11 = load(1, N);
+  V o20 = load(2, 0), o21 = load(2, N), o30 = load(3, 0), o31 = load(3, N);
+  const T* HWY_RESTRICT v_c = v_tile + jb * ldv + cc;
+  const float* HWY_RESTRICT p_j = s_keys + jb * R;
+  // One weight register at a time (8 accumulators + 2 V vectors + 1): with
+  // all four weights live GCC spilled an accumulator to the stack and the
+  // loop ran at the store-to-load latency.
+  for (size_t jj = 0; jj < nb; ++jj, v_c += ldv, p_j += R) {
+    if (prefetching) prefetch(jb + jj);
+    V x0, x1;
+    load2(v_c, x0, x1);
+    auto p = hn::Set(d, p_j[0]);
+    o00 = hn::MulAdd(p, x0, o00);
+    o01 = hn::MulAdd(p, x1, o01);
+    p = hn::Set(d, p_j[1]);
+    o10 = hn::MulAdd(p, x0, o10);
+    o11 = hn::MulAdd(p, x1, o11);
+    p = hn::Set(d, p_j[2]);
+    o20 = hn::MulAdd(p, x0, o20);
+    o21 = hn::MulAdd(p, x1, o21);
+    p = hn::Set(d, p_j[3]);
+    o30 = hn::MulAdd(p, x0, o30);
+    o31 = hn::MulAdd(p, x1, o31);
+  }
+  const auto store = [&](size_t r, V lo, V hi) {
+    hn::StoreU(lo, d, o_tmp + r * L + cc);
+    hn::StoreU(hi, d, o_tmp + r * L + cc + N);
+  };
+  store(0, o00, o01);
+  store(1, o10, o11);
+  store(2, o20, o21);
+  store(3, o30, o31);
+}
+
 template <class T>
 HWY_NOINLINE void FlashAttentionGroupByDot(const AttnDims& a, const float* HWY_RESTRICT q_blk,
                                            size_t ldq, const T* HWY_RESTRICT k_g, size_t ldk,
@@ -962,12 +1029,7 @@ HWY_NOINLINE void FlashAttentionGroupByDot(const AttnDims& a, const float* HWY_R
     // each key's R weights from one place.
     // From DRAM: the K rows two keys ahead of a key pair, and its V rows.
     const auto prefetch_pair = [&](size_t j) {
-      if (!a.prefetch_kv) return;
-      for (size_t ahead = j + kPrefetchKeys; ahead < j + kPrefetchKeys + 2; ++ahead) {
-        if (j0 + ahead < end) PrefetchBytes(k_tile + ahead * ldk, L * sizeof(T));
-      }
-      PrefetchBytes(v_tile + j * ldv, L * sizeof(T));
-      PrefetchBytes(v_tile + (j + 1) * ldv, L * sizeof(T));
+      if (a.prefetch_kv) PrefetchGroupPair(k_tile, ldk, v_tile, ldv, j, end - j0, L);
     };
     size_t j = 0;
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
@@ -1153,40 +1215,12 @@ HWY_NOINLINE void FlashAttentionGroupByDot(const AttnDims& a, const float* HWY_R
         const bool first = jb == 0;
         size_t cc = c;
         for (; cc + 2 * N <= lv; cc += 2 * N) {  // two vectors: 8 accumulators
-          const auto load = [&](size_t r, size_t x) {
-            return first ? hn::Zero(d) : hn::LoadU(d, o_tmp + r * L + cc + x);
-          };
-          auto o00 = load(0, 0), o01 = load(0, N), o10 = load(1, 0), o11 = load(1, N);
-          auto o20 = load(2, 0), o21 = load(2, N), o30 = load(3, 0), o31 = load(3, N);
-          const T* HWY_RESTRICT v_c = v_tile + jb * ldv + cc;
-          const float* HWY_RESTRICT p_j = s_keys + jb * R;
-          // One weight register at a time (8 accumulators + 2 V vectors + 1):
-          // with all four weights live GCC spilled an accumulator to the
-          // stack and the loop ran at the store-to-load latency.
-          for (size_t jj = 0; jj < nb; ++jj, v_c += ldv, p_j += R) {
-            if (cc == 0) prefetch_v(jb + jj);
-            const auto x0 = LoadF32(d, v_c), x1 = LoadF32(d, v_c + N);
-            auto p = hn::Set(d, p_j[0]);
-            o00 = hn::MulAdd(p, x0, o00);
-            o01 = hn::MulAdd(p, x1, o01);
-            p = hn::Set(d, p_j[1]);
-            o10 = hn::MulAdd(p, x0, o10);
-            o11 = hn::MulAdd(p, x1, o11);
-            p = hn::Set(d, p_j[2]);
-            o20 = hn::MulAdd(p, x0, o20);
-            o21 = hn::MulAdd(p, x1, o21);
-            p = hn::Set(d, p_j[3]);
-            o30 = hn::MulAdd(p, x0, o30);
-            o31 = hn::MulAdd(p, x1, o31);
-          }
-          const auto store = [&](size_t r, decltype(o00) lo, decltype(o00) hi) {
-            hn::StoreU(lo, d, o_tmp + r * L + cc);
-            hn::StoreU(hi, d, o_tmp + r * L + cc + N);
-          };
-          store(0, o00, o01);
-          store(1, o10, o11);
-          store(2, o20, o21);
-          store(3, o30, o31);
+          GroupPvBlock2(
+              [&](const T* HWY_RESTRICT v, hn::Vec<decltype(d)>& x0, hn::Vec<decltype(d)>& x1) {
+                x0 = LoadF32(d, v);
+                x1 = LoadF32(d, v + N);
+              },
+              v_tile, ldv, s_keys, jb, nb, cc, L, first, cc == 0, prefetch_v, o_tmp);
         }
         for (; cc + N <= lv; cc += N) block(d, cc, jb, nb);
         for (; cc < L; ++cc) block(d1, cc, jb, nb);
@@ -1261,12 +1295,7 @@ HWY_NOINLINE void FlashAttentionGroupByDotBf16Pairs(
     const T* HWY_RESTRICT v_tile = v_g + j0 * ldv;
     // From DRAM: the K rows kPrefetchKeys ahead of a key pair, and its V rows.
     const auto prefetch_pair = [&](size_t j) {
-      if (!a.prefetch_kv) return;
-      for (size_t ahead = j + kPrefetchKeys; ahead < j + kPrefetchKeys + 2; ++ahead) {
-        if (j0 + ahead < end) PrefetchBytes(k_tile + ahead * ldk, L * sizeof(T));
-      }
-      PrefetchBytes(v_tile + j * ldv, L * sizeof(T));
-      PrefetchBytes(v_tile + (j + 1) * ldv, L * sizeof(T));
+      if (a.prefetch_kv) PrefetchGroupPair(k_tile, ldk, v_tile, ldv, j, end - j0, L);
     };
     size_t j = 0;
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
@@ -1410,39 +1439,8 @@ HWY_NOINLINE void FlashAttentionGroupByDotBf16Pairs(
       const size_t nb = nj - jb < kPvKeys ? nj - jb : kPvKeys;
       const bool first = jb == 0;
       for (size_t cc = 0; cc < L; cc += N2) {
-        const auto load = [&](size_t r, size_t x) {
-          return first ? hn::Zero(d) : hn::LoadU(d, o_tmp + r * L + cc + x);
-        };
-        V o00 = load(0, 0), o01 = load(0, N), o10 = load(1, 0), o11 = load(1, N);
-        V o20 = load(2, 0), o21 = load(2, N), o30 = load(3, 0), o31 = load(3, N);
-        const T* HWY_RESTRICT v_c = v_tile + jb * ldv + cc;
-        const float* HWY_RESTRICT p_j = s_keys + jb * R;
-        for (size_t jj = 0; jj < nb; ++jj, v_c += ldv, p_j += R) {
-          if (cc == 0) prefetch_v(jb + jj);
-          V x0, x1;
-          LoadBf16Pair(d, v_c, x0, x1);
-          // One weight register at a time (see FlashAttentionGroupByDot).
-          auto p = hn::Set(d, p_j[0]);
-          o00 = hn::MulAdd(p, x0, o00);
-          o01 = hn::MulAdd(p, x1, o01);
-          p = hn::Set(d, p_j[1]);
-          o10 = hn::MulAdd(p, x0, o10);
-          o11 = hn::MulAdd(p, x1, o11);
-          p = hn::Set(d, p_j[2]);
-          o20 = hn::MulAdd(p, x0, o20);
-          o21 = hn::MulAdd(p, x1, o21);
-          p = hn::Set(d, p_j[3]);
-          o30 = hn::MulAdd(p, x0, o30);
-          o31 = hn::MulAdd(p, x1, o31);
-        }
-        const auto store = [&](size_t r, V even, V odd) {
-          hn::StoreU(even, d, o_tmp + r * L + cc);
-          hn::StoreU(odd, d, o_tmp + r * L + cc + N);
-        };
-        store(0, o00, o01);
-        store(1, o10, o11);
-        store(2, o20, o21);
-        store(3, o30, o31);
+        GroupPvBlock2([&](const T* HWY_RESTRICT v, V& x0, V& x1) { LoadBf16Pair(d, v, x0, x1); },
+                      v_tile, ldv, s_keys, jb, nb, cc, L, first, cc == 0, prefetch_v, o_tmp);
       }
     }
     for (size_t r = 0; r < R; ++r) {  // acc = corr acc + P V, back in column order
