@@ -244,11 +244,12 @@ const AttnCase kAttnCases[] = {
     // L = 64 or 128): key splits, causal Sq < Skv.
     {1, 4, 4, 1, 1030, 64, false},
     {1, 2, 2, 2, 300, 128, true},
-    // GQA decode over bf16 K/V read as element pairs (L a multiple of two
-    // vectors: 128 everywhere, 48 below AVX-512 only), an odd key count in
-    // the last key split.
-    {1, 8, 2, 1, 701, 128, false},
-    {1, 12, 3, 1, 301, 48, false},
+    // A grouped decode step (four query heads on one kv head) over bf16
+    // K/V read as element pairs (L a multiple of two vectors: 128
+    // everywhere, 48 below 512-bit vectors only): two key tiles, the last
+    // with an odd key count (512 + 19 keys).
+    {1, 4, 1, 1, 531, 128, false},
+    {1, 4, 1, 1, 45, 48, false},
 };
 
 struct AttnBuffers {
