@@ -939,8 +939,8 @@ constexpr size_t kPvPrefetchKeys = 16;  // V rows prefetched ahead in P V (from 
 constexpr size_t kPvKeys = 32;          // keys per block of P V (their V rows stay in L1)
 
 // The grouped decode's prefetches for the key pair at j of a tile (K/V from
-// DRAM): the K rows kPrefetchKeys ahead (of the keys_left from j0 + ... on),
-// and the pair's own V rows.
+// DRAM): the K rows kPrefetchKeys ahead (those of the keys_left keys from the
+// tile's first on), and the pair's own V rows.
 template <class T>
 HWY_INLINE void PrefetchGroupPair(const T* HWY_RESTRICT k_tile, size_t ldk,
                                   const T* HWY_RESTRICT v_tile, size_t ldv, size_t j,
