@@ -10,6 +10,7 @@ std::atomic<long> g_allocations_left{-1};
 
 std::atomic<size_t> g_stream_scores_bytes{testing::kDefaultStreamScoresBytes};
 std::atomic<size_t> g_kv_in_cache_bytes{testing::kKvInCacheAuto};
+std::atomic<size_t> g_projection_l1{0}, g_projection_l2{0};
 
 // Whether this allocation may go ahead: consumes one of the allowed ones.
 bool AllocationAllowed() {
@@ -34,6 +35,10 @@ void SetStreamScoresBytes(size_t bytes) {
 void SetKvInCacheBytes(size_t bytes) {
   g_kv_in_cache_bytes.store(bytes, std::memory_order_relaxed);
 }
+void SetProjectionCacheBytes(size_t l1, size_t l2) {
+  g_projection_l1.store(l1, std::memory_order_relaxed);
+  g_projection_l2.store(l2, std::memory_order_relaxed);
+}
 }  // namespace testing
 
 namespace dispatch {
@@ -42,6 +47,9 @@ bool AllocationHookArmed() { return g_allocations_left.load(std::memory_order_re
 size_t StreamScoresBytes() { return g_stream_scores_bytes.load(std::memory_order_relaxed); }
 
 size_t KvInCacheBytes() { return g_kv_in_cache_bytes.load(std::memory_order_relaxed); }
+
+size_t ProjectionL1Bytes() { return g_projection_l1.load(std::memory_order_relaxed); }
+size_t ProjectionL2Bytes() { return g_projection_l2.load(std::memory_order_relaxed); }
 
 hwy::AlignedFreeUniquePtr<float[]> AllocateFloats(size_t n) {
   if (!AllocationAllowed()) return hwy::AlignedFreeUniquePtr<float[]>(nullptr, hwy::AlignedFreer());

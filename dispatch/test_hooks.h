@@ -37,6 +37,12 @@ void SetStreamScoresBytes(size_t bytes);
 constexpr size_t kKvInCacheAuto = ~size_t{0};
 void SetKvInCacheBytes(size_t bytes);
 
+// The L1 data and L2 sizes, in bytes, that the chained projection blocks
+// its work for (dispatch/projection.cc); 0: what sysconf reports.  Tests set
+// small ones to run one-tile blocks of O and the panel-group-by-group order
+// on small shapes.  Process-wide; for tests only.
+void SetProjectionCacheBytes(size_t l1, size_t l2);
+
 }  // namespace testing
 
 namespace dispatch {
@@ -57,6 +63,10 @@ size_t StreamScoresBytes();
 
 // The current threshold of SetKvInCacheBytes (kKvInCacheAuto: not set).
 size_t KvInCacheBytes();
+
+// The sizes of SetProjectionCacheBytes (0: not set).
+size_t ProjectionL1Bytes();
+size_t ProjectionL2Bytes();
 
 }  // namespace dispatch
 }  // namespace headsum

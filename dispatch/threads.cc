@@ -29,7 +29,7 @@ float* CallBuffer(CachedBuffer which, size_t n, hwy::AlignedFreeUniquePtr<float[
     hwy::AlignedFreeUniquePtr<float[]> data{nullptr, hwy::AlignedFreer()};
     size_t size = 0;
   };
-  thread_local Kept kept[2];
+  thread_local Kept kept[3];
   Kept& k = kept[static_cast<int>(which)];
   if (k.size < n) {
     k.data.reset();  // the old one first: peak memory is the new size

@@ -27,7 +27,7 @@ void SetNumThreads(int n);  // 0: default
 // made a call of that size: a decode step or a short sequence is then not
 // dominated by mmap and first-touch faults.  One per use, so that a call may
 // hold both at once.
-enum class CachedBuffer { kScratch = 0, kPartials = 1 };
+enum class CachedBuffer { kScratch = 0, kPartials = 1, kWoPanels = 2 };
 
 // A buffer of at least n floats for the calling thread's current call: the
 // kept one, grown (through AllocateFloats) when too small.  While the test

@@ -75,6 +75,57 @@ inline void SumHeadsTile(const ProjDims& p, const ProjectArgs& args, size_t b, s
   }
 }
 
+// A block of O packed for the chained sum (PackRowsOfO): the block's rows in
+// the row tiles that ChainTile runs (ForEachRowTile<kChainTileRows>), each
+// tile in quads of four rows, each quad [H*L][4]: element (k, row) of the
+// quad at k * 4 + row, k = h * L + l.  The tile's broadcasts of A then read
+// one or two contiguous streams, 16 bytes a step, where O in place has the
+// tile's rows 8 streams apart (in L1 with the B panel's lines that stream
+// through it).  A tile takes kPackedTileRows rows of space.
+constexpr size_t kPackedTileRows = (kChainTileRows + 3) / 4 * 4;
+
+// Floats of a packed block of `rows` rows of O.
+inline size_t PackedOFloats(const ProjDims& p, size_t rows) {
+  return (rows + kChainTileRows - 1) / kChainTileRows * kPackedTileRows * p.inner();
+}
+
+template <class T>
+HWY_INLINE void PackRowsOfOT(const ProjDims& p, const TensorView& heads, size_t b, size_t s0,
+                             size_t s1, float* HWY_RESTRICT dst) {
+  const size_t L = p.head_dim, inner = p.inner();
+  // Head by head: the block's rows of one head are adjacent in a head-major
+  // O (and rows of a token-major O are read in order), so the reads form one
+  // forward stream per head.
+  for (size_t h = 0; h < p.heads; ++h) {
+    ForEachRowTile<kChainTileRows>(s1 - s0, [&](size_t t, size_t r0, size_t height) {
+      for (size_t q = 0; 4 * q < height; ++q) {
+        const size_t first = s0 + r0 + 4 * q, last = s0 + r0 + HWY_MIN(4 * q + 4, height) - 1;
+        const T* HWY_RESTRICT rows[4];
+        for (size_t i = 0; i < 4; ++i) {
+          rows[i] = reinterpret_cast<const T*>(heads.Row(b, h, HWY_MIN(first + i, last)));
+        }
+        float* HWY_RESTRICT quad = dst + (t * kPackedTileRows + 4 * q) * inner + h * L * 4;
+        ForEachVector(L, [&](auto d, size_t l) {
+          hn::StoreInterleaved4(LoadF32(d, rows[0] + l), LoadF32(d, rows[1] + l),
+                                LoadF32(d, rows[2] + l), LoadF32(d, rows[3] + l), d,
+                                quad + 4 * l);
+        });
+      }
+    });
+  }
+}
+
+// Rows [s0, s1) of batch b of O (any dtype, widened exactly) into dst in the
+// packed layout above.  A quad with fewer than four rows repeats its last
+// one (those lanes are never read).
+inline void PackRowsOfO(const ProjDims& p, const TensorView& heads, size_t b, size_t s0,
+                        size_t s1, float* HWY_RESTRICT dst) {
+  WithElementType(heads.dtype, heads.data, [&](const auto* o) {
+    using T = std::remove_cv_t<std::remove_pointer_t<decltype(o)>>;
+    PackRowsOfOT<T>(p, heads, b, s0, s1, dst);
+  });
+}
+
 // Rows of Wo ahead that a one- or two-row tile prefetches: 32 and 64
 // measured alike, 8 (the first line only) lost a third from memory.
 constexpr size_t kFewRowsPrefetch = 32;
@@ -95,23 +146,23 @@ inline size_t ChainScratch(const ProjDims& p, DType o, DType y) {
 // concatenated copy and without a pass over Y per head.  wo_c0 points at
 // column c0 of Wo with row stride ldw: Wo itself (ldw = its row stride) or
 // one packed panel (ldw = the panel's width, c1 - c0 within it); a 16-bit Wo
-// is widened in registers as it is loaded.  O and Y are views (any dtype):
-// f32 O is read in place, 16-bit O widened into scratch; a 16-bit Y tile is
-// computed in f32 and rounded once.  pack_into (when not null, and
-// CanPackWhileReading(wo dtype)): Wo's columns [c0, c1) are also copied, as
-// f32 rows of c1 - c0 floats, into that panel by the first row tile, which
-// reads Wo in place; the other row tiles read the panel (MatMulPackingB),
-// and so can the caller's next tiles of rows.
+// is widened in registers as it is loaded.  O comes packed (o_packed: rows
+// [s0, s1) of O by PackRowsOfO, any dtype widened there) or, when o_packed
+// is null, as the view `heads`: f32 read in place, 16-bit widened into
+// scratch.  Y is a view: f32 written in place, a 16-bit Y tile computed in
+// f32 and rounded once.
 template <class TB>
 HWY_INLINE void ChainTileT(const ProjDims& p, const TensorView& heads,
                            const TB* HWY_RESTRICT wo_c0, size_t ldw,
                            const float* HWY_RESTRICT bias, const TensorView& y, size_t b,
                            size_t s0, size_t s1, size_t c0, size_t c1,
-                           float* HWY_RESTRICT scratch, float* HWY_RESTRICT pack_into) {
+                           float* HWY_RESTRICT scratch, const float* HWY_RESTRICT o_packed) {
   const size_t H = p.heads, L = p.head_dim, rows = s1 - s0, cols = c1 - c0;
-  const float* HWY_RESTRICT o;
-  size_t lda, a_step;
-  if (heads.IsF32()) {
+  const float* HWY_RESTRICT o = nullptr;
+  size_t lda = 0, a_step = 0;
+  if (o_packed != nullptr) {
+    o = o_packed;
+  } else if (heads.IsF32()) {
     o = reinterpret_cast<const float*>(heads.Row(b, 0, s0));  // O[b][0][s0]
     lda = heads.ss;
     a_step = heads.sh;  // O[b][h] -> O[b][h+1]
@@ -141,17 +192,17 @@ HWY_INLINE void ChainTileT(const ProjDims& p, const TensorView& heads,
   const auto store = [&](auto d, size_t r, size_t c, auto acc) {
     hn::StoreU(acc, d, y_tile + r * ldy + c);
   };
-  bool packed = false;
-  if constexpr (!kLoadsBf16Pairs<TB>) {
-    if (pack_into != nullptr) {
-      KSegments packing = every_head;
-      packing.pack = pack_into;
-      packing.pack_ld = cols;
-      MatMulPackingB<kChainTileRows, kChainTileVecs>(rows, cols, L, o, lda, wo_c0, ldw, store, packing);
-      packed = true;
-    }
-  }
-  if (!packed) {
+  if (o_packed != nullptr) {
+    // PackRowsOfO's row tiles, each quad [H*L][4]: row r of a tile at
+    // (r % 4) + (r / 4) * 4 * H * L, step 4 along l, 4 * L from head to head.
+    every_head.a_step = 4 * L;
+    every_head.a_quad = 4 * p.inner();
+    ForEachRowTile<kChainTileRows>(rows, [&](size_t t, size_t r0, size_t height) {
+      const auto shifted = [&](auto d, size_t r, size_t c, auto acc) { store(d, r0 + r, c, acc); };
+      RowTile<kChainTileRows, kChainTileVecs>(height, cols, L, o + t * kPackedTileRows * p.inner(),
+                                              1, 4, wo_c0, ldw, shifted, every_head);
+    });
+  } else {
 #if HWY_TARGET != HWY_SCALAR
     // One or two rows (a decode step): the wide tile would leave 2-3 FMA
     // chains in flight, a latency-bound quarter of the FMA rate; spread the
@@ -186,47 +237,50 @@ HWY_INLINE void ChainTileT(const ProjDims& p, const TensorView& heads,
 inline void ChainTile(const ProjDims& p, const TensorView& heads, const void* wo_c0,
                       DType wo_dtype, size_t ldw, const float* HWY_RESTRICT bias,
                       const TensorView& y, size_t b, size_t s0, size_t s1, size_t c0,
-                      size_t c1, float* HWY_RESTRICT scratch, float* HWY_RESTRICT pack_into) {
+                      size_t c1, float* HWY_RESTRICT scratch, const float* HWY_RESTRICT o_packed) {
   WithElementType(wo_dtype, wo_c0, [&](const auto* wo) {
-    ChainTileT(p, heads, wo, ldw, bias, y, b, s0, s1, c0, c1, scratch, pack_into);
+    ChainTileT(p, heads, wo, ldw, bias, y, b, s0, s1, c0, c1, scratch, o_packed);
   });
 }
 
-// Whether ChainTile can copy a Wo of dtype t into its panel as it reads it
-// (pack_into): f32 and f16 rows are loaded in column order; bf16 rows are
-// loaded as deinterleaved column pairs, and are widened by WidenPanel first.
-inline bool CanPackWhileReading(DType t) {
-  return t != DType::kBF16 || !kLoadsBf16Pairs<hwy::bfloat16_t>;
+// Rows of O per work item when O is packed (PackRowsOfO): a packed block
+// about the size of the L1 data cache (l1_bytes), in whole row tiles, one
+// tile to kChainRows rows.  The block is read from L1 or L2 once per Wo
+// panel; each panel from L2 once per row tile.  (H*L = D = 512, S = 2048,
+// one Sapphire Rapids core, L1d 48 KiB, paired runs: blocks of 24 rows
+// 0.86x the time of 512-row blocks of O in place; 16 and 32 rows alike,
+// 40 and 48 1-2% slower, 64 5% slower.)
+inline size_t PackedRowBlock(const ProjDims& p, size_t l1_bytes) {
+  const size_t tiles = l1_bytes / (p.inner() * sizeof(float) * kChainTileRows);
+  return HWY_MIN(HWY_MAX(tiles, size_t{1}) * kChainTileRows, kChainRows / kChainTileRows * kChainTileRows);
 }
 
-// Floats of one Wo panel widened to f32, [H*L][kWoPanelCols]: the plain
-// call's copy of a panel per work item (dispatch/projection.cc says when).
-inline size_t PanelFloats(const ProjDims& p) { return p.inner() * kWoPanelCols; }
-
-// Every row of Wo's columns [c0, c0 + width) (wo_c0 at column c0 of row 0,
-// dtype t, row stride ldw elements) into dst as f32 rows of `width` floats:
-// one contiguous panel, read by ChainTile with ldw = width.  Rows of Wo in
-// place are D floats apart, so a 6-row tile's 512 loads of B per column
-// block fall into a few L1 sets (2 KiB apart at D = 512) and come from L2;
-// the panel's rows are adjacent.  Widening is exact: the same bits as
-// reading the 16-bit Wo in place.  Used for a bf16 Wo only: f32 and f16
-// panels are filled by ChainTile's first row tile as it reads them
-// (CanPackWhileReading).
-inline void WidenPanel(const ProjDims& p, const void* wo_c0, DType t, size_t ldw, size_t width,
-                       float* HWY_RESTRICT dst) {
-  // Rows 2 KiB apart start no hardware stream: each row is asked for 24 rows
-  // ahead of its copy (8 and 24 measured alike on Zen 1).
-  constexpr size_t kAhead = 24;
-  const char* src = static_cast<const char*>(wo_c0);
-  const size_t rows = p.inner(), bytes = DTypeBytes(t), row_bytes = width * bytes;
-  for (size_t k = 0; k < rows; ++k) {
-    if (k + kAhead < rows) {
-      const char* ahead = src + (k + kAhead) * ldw * bytes;
-      for (size_t i = 0; i < row_bytes; i += 64) hwy::Prefetch(ahead + i);
-      hwy::Prefetch(ahead + row_bytes - 1);
+// Rows [k0, k1) of Wo (dtype t, row stride ldw elements) into dst, the
+// whole Wo in headsum_wo_pack's panel layout in f32 (panel j, of width w,
+// at dst + j * kWoPanelCols * H*L, its row k at + k * w): the copy that the
+// plain call makes before its rows run (dispatch/projection.cc says when).
+// Rows of Wo in place are D floats apart, so a row tile's loads of B fall
+// into a few L1 sets (2 KiB apart at D = 512) and come from L2; a panel's
+// rows are adjacent.  Each Wo row is read once, in order, and split among
+// the panels.  Widening is exact: the same bits as reading a 16-bit Wo in
+// place.
+template <class T>
+HWY_INLINE void PackWoRowsF32T(const ProjDims& p, const T* HWY_RESTRICT wo, size_t ldw,
+                               size_t k0, size_t k1, float* HWY_RESTRICT dst) {
+  const size_t D = p.model_dim, inner = p.inner();
+  for (size_t k = k0; k < k1; ++k) {
+    const T* HWY_RESTRICT row = wo + k * ldw;
+    for (size_t c0 = 0; c0 < D; c0 += kWoPanelCols) {
+      const size_t width = HWY_MIN(kWoPanelCols, D - c0);
+      float* HWY_RESTRICT out = dst + c0 * inner + k * width;
+      ForEachVector(width, [&](auto d, size_t i) { hn::StoreU(LoadF32(d, row + c0 + i), d, out + i); });
     }
-    ConvertRow(src + k * ldw * bytes, t, width, dst + k * width, DType::kF32);
   }
+}
+
+inline void PackWoRowsF32(const ProjDims& p, const void* wo, DType t, size_t ldw, size_t k0,
+                          size_t k1, float* HWY_RESTRICT dst) {
+  WithElementType(t, wo, [&](const auto* w) { PackWoRowsF32T(p, w, ldw, k0, k1, dst); });
 }
 
 // Floats of scratch ContributionNormsRows needs: one tile of contributions.

@@ -6,6 +6,7 @@
 // project_heads_sum == concat_project_onednn == reference.
 #include <vector>
 
+#include "../dispatch/test_hooks.h"  // the cache sizes the projection blocks for
 #include "error_bounds.h"
 #include "headsum/headsum.h"
 #include "reference.h"
@@ -133,6 +134,50 @@ TEST_P(ProjectHeadsSumPacked, EqualsReferenceAndPlainCallBitwise) {
     if (!r) return r << " (packed vs reference)";
     r = BitwiseEqual(y_plain, y, YLayout(s));
     if (!r) return r << " (packed vs plain call)";
+    return r;
+  });
+}
+
+// The chained sum blocks its rows and Wo panels for the L1 and L2 sizes it
+// reads from sysconf; whatever they are, each element of Y is the same FMA
+// chain.  Caches of one byte (blocks of one row tile, one panel per group,
+// the groups' order) and of a gigabyte (the largest blocks, one group) give
+// the plain and the packed call's bits of the sizes this machine reports.
+TEST_P(ProjectHeadsSumPacked, AnyCacheSizeGivesTheSameBits) {
+  struct RestoreSizes {
+    ~RestoreSizes() { headsum::testing::SetProjectionCacheBytes(0, 0); }
+  } restore;
+  ForEachShape(ProjectionSweepShapes(), [](const MhaShape& s, uint64_t n) {
+    const headsum_proj_shape shape = s.proj();
+    const ProjInputs in(s, 900 + n);
+    const float* bias = MaybeBias(in, n);
+    headsum_wo_packed* packed = nullptr;
+    headsum_status st = headsum_wo_pack(&shape, in.wo.data(), &packed);
+    if (st != HEADSUM_OK) return CallFailed("wo_pack", st);
+    std::vector<std::vector<float>> ys;
+    for (const size_t bytes : {size_t{0}, size_t{1}, size_t{1} << 30}) {
+      headsum::testing::SetProjectionCacheBytes(bytes, bytes);
+      ys.push_back(Sentinels(s.y_elems()));
+      st = headsum_project_heads_sum(&shape, in.heads.data(), in.wo.data(), bias, ys.back().data());
+      if (st != HEADSUM_OK) break;
+      ys.push_back(Sentinels(s.y_elems()));
+      st = headsum_project_heads_sum_packed(&shape, in.heads.data(), packed, bias,
+                                            ys.back().data());
+      if (st != HEADSUM_OK) break;
+    }
+    headsum::testing::SetProjectionCacheBytes(0, 0);
+    headsum_wo_free(packed);
+    if (st != HEADSUM_OK) return CallFailed("project_heads_sum(_packed)", st);
+    const RefProjDims d(shape);
+    auto r = AllWithinBound(RefConcatProject(d, in.heads.data(), in.wo.data(), bias),
+                            ProjectionBound(d, AbsContributions(d, in.heads.data(), in.wo.data()),
+                                            nullptr, bias),
+                            ys[2], YLayout(s));
+    if (!r) return r << " (one-byte caches vs reference)";
+    for (size_t i = 1; i < ys.size(); ++i) {
+      r = BitwiseEqual(ys[0], ys[i], YLayout(s));
+      if (!r) return r << " (call " << i << " of plain/packed x sysconf/1 B/1 GiB caches)";
+    }
     return r;
   });
 }
