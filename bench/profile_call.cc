@@ -9,6 +9,7 @@
 //             separate buffers: what an outer blocking of the rows (with
 //             the O block packed) would give, measured with today's kernel
 //             attn | attn_onednn                   (B=1 H=8 L=64, Sq=Skv=S)
+//             attn_bshd[_causal]                   (the same, Q/K/V/O token-major)
 //             decode | decode_onednn               (Sq=1, Skv=S, H=8)
 //             decode_gqa | decode_gqa_onednn       (the same with Hkv=2)
 //             cache_{f32,f16,bf16}[_gqa][_native][_l64]  decode over a long
@@ -198,6 +199,15 @@ int main(int argc, char** argv) {
     flops = 4.0 * B * H * a.seq_q * seq * L;
     if (onednn) {
       timed([&] { return headsum_attention_onednn(&a, q, k, v, out); });
+    } else if (kernel.rfind("attn_bshd", 0) == 0) {
+      // Token-major Q/K/V/O ([B][S][H][L]) through headsum_attention_tensors.
+      a.causal = kernel.find("_causal") != std::string::npos ? 1 : 0;
+      if (a.causal) flops *= 0.5;
+      const headsum_tensor tq = headsum_bshd(q, HEADSUM_F32, H, a.seq_q, L);
+      const headsum_tensor tk = headsum_bshd(k, HEADSUM_F32, a.kv_heads, seq, L);
+      const headsum_tensor tv = headsum_bshd(v, HEADSUM_F32, a.kv_heads, seq, L);
+      const headsum_tensor to = headsum_bshd(out, HEADSUM_F32, H, a.seq_q, L);
+      timed([&] { return headsum_attention_tensors(&a, &tq, &tk, &tv, &to); });
     } else {
       timed([&] { return headsum_attention(&a, q, k, v, out); });
     }

@@ -25,6 +25,9 @@ HWY_EXPORT(ChainScratch);
 HWY_EXPORT(PackRowsOfO);
 HWY_EXPORT(PackedOFloats);
 HWY_EXPORT(PackWoRowsF32);
+HWY_EXPORT(WidenPanel);
+HWY_EXPORT(CanPackWhileReading);
+HWY_EXPORT(PanelFloats);
 HWY_EXPORT(PackedRowBlock);
 HWY_EXPORT(ContributionNormsRows);
 HWY_EXPORT(NormsScratch);
@@ -39,10 +42,18 @@ constexpr size_t kRowBlock = 48;
 // Columns of Y per work item, so that small S still splits across threads
 // (a multiple of every target's 2-vector tile).
 constexpr size_t kColBlock = 128;
-// Rows from which the plain call makes an f32 copy of the whole Wo in
-// packed panels (PackWoRowsF32) before its rows run over them: the copy reads
-// Wo once; fewer rows (a decode step) read Wo in place.
+// Rows of an item from which the plain call copies each Wo panel into
+// contiguous f32 scratch before its rows run over it (WidenPanel): the copy
+// reads the panel once; fewer rows (a decode step) read Wo in place.
 constexpr size_t kPackPanelRows = 8;
+// Rows (batch x sequence) from which the plain call makes an f32 copy of
+// the whole Wo in packed panels (PackWoRowsF32) before its rows run over
+// them; fewer rows read Wo in place.  Paired, one SPR core / two, H*L = D =
+// 512, O packed in both: in place over copied, S=20 0.57x the time, S=128
+// 0.96x / 0.86x, S=512 0.98x / 1.15x, S=2048 1.01x / 1.16-1.22x (two
+// threads reading Wo in place lose 15-20%; the copy costs about what 15
+// rows do).
+constexpr size_t kCopyWoRows = 256;
 
 size_t CeilDiv(size_t a, size_t b) { return (a + b - 1) / b; }
 
@@ -89,20 +100,108 @@ size_t L2Bytes() {
   return ProjectionL2Bytes() != 0 ? ProjectionL2Bytes() : bytes;
 }
 
-// Y = bias + sum_h O_h Wo[h] with the heads summed in registers, reading
-// Wo in place, from headsum_wo_pack's panels, or (the plain call, from
-// kPackPanelRows rows) from an f32 copy of Wo in those panels made first.
-// Rows of O from 3 on are packed (PackRowsOfO) a block at a time, blocks of
-// about the L1 size (PackedRowBlock); a work item is one block times a group
-// of Wo panels, and runs the block over each panel of its group in turn:
-// the block is packed once, read from L1/L2 for every panel, each panel
-// read from L2 once per row tile.  Panels are split into groups as far as
-// the threads need items, and as far as keeps a group within half the L2:
-// then items go group by group (the group stays in L2 while blocks of O
-// stream past it), otherwise block by block.  One or two rows (a decode
-// step) read O and Wo in place, their group's panels as one column range.
+// Rows of O per work item of the chained sum: as many as fill half the L2
+// ([H*L] floats a row), in whole kChainRows tiles, 1 to 8 of them.
+size_t ChainRowBlock(const ProjDims& p) {
+  const size_t rows = L2Bytes() / 2 / (p.inner() * sizeof(float));
+  return HWY_MIN(HWY_MAX(rows / kChainRows, size_t{1}), size_t{8}) * kChainRows;
+}
+
+// ChainedSum for fewer than kCopyWoRows rows (B x S): O read in place,
+// Wo in place or from headsum_wo_pack's panels.  A work item is a block of
+// rows (sized to the L2) times a group of Wo panels; inside it, panel by
+// panel, the rows run in kChainRows tiles: the block of O is read from
+// memory once and from L2 for every other panel, a panel from L2 once per
+// tile.  (Items of one panel each, the earlier order, re-read all of O once
+// per panel: 11 times at D = 512, from DRAM once O outgrows the L2.)
+// Panels are split into groups only as far as the threads need items.
 // Every element of Y is one FMA chain whatever the blocking: the result
 // does not depend on it, nor on the thread count.
+headsum_status ChainedSumInPlace(const ProjDims& p, const TensorView& heads, const WoSource& wo,
+                          const float* bias, const TensorView& y) {
+  const size_t t = TableIndex(ActiveTarget());
+  const auto kernel = HWY_DISPATCH_TABLE(ChainTile)[t];
+  const size_t mc = ChainRowBlock(p);
+  const size_t row_blocks = CeilDiv(p.seq, mc), blocks = p.batch * row_blocks;
+  const size_t panels = WoPanels(p.model_dim);
+  const size_t threads = static_cast<size_t>(NumThreads());
+  // One or two rows (a decode step) read Wo in place, each element once, in
+  // column tiles that each sweep all of Wo's rows: an item takes its
+  // group's panels as one column range (MatMul's widest tiles, fewer
+  // sweeps), and the groups are as few as the threads need (one per
+  // thread for one sequence): longer runs of each Wo row per sweep, which
+  // is what keeps a Wo from memory streaming.
+  const bool few_rows = !wo.packed && p.seq <= 2;
+  const size_t groups = HWY_MIN(panels, CeilDiv((few_rows ? 1 : 4) * threads, blocks));
+  const size_t per_group = CeilDiv(panels, groups);
+  const size_t bytes = DTypeBytes(wo.dtype);
+  const bool copies_panels = !wo.packed && HWY_MIN(mc, p.seq) >= kPackPanelRows;
+  const auto widen_panel = HWY_DISPATCH_TABLE(WidenPanel)[t];
+  const bool packs_while_reading = HWY_DISPATCH_TABLE(CanPackWhileReading)[t](wo.dtype);
+  // The panel copy after the kernel's own scratch, on a 64-byte boundary.
+  const size_t chain_floats = (HWY_DISPATCH_TABLE(ChainScratch)[t](p, heads.dtype, y.dtype) + 15) /
+                              16 * 16;
+  const size_t panel_floats = copies_panels ? HWY_DISPATCH_TABLE(PanelFloats)[t](p) : 0;
+  return ParallelItems(blocks * groups, chain_floats + panel_floats,
+                       [&](size_t item, float* scratch) {
+    const size_t group = item % groups, block = item / groups;
+    const size_t b = block / row_blocks, r0 = block % row_blocks * mc;
+    const size_t r1 = HWY_MIN(r0 + mc, p.seq);
+    // A block of a few rows (the last of a sequence) reads Wo in place.
+    const bool copies = copies_panels && r1 - r0 >= kPackPanelRows;
+    const size_t panel_end = HWY_MIN((group + 1) * per_group, panels);
+    // Few rows: the group's panels as one range of columns.
+    const size_t panel_step = few_rows ? per_group : 1;
+    for (size_t panel = group * per_group; panel < panel_end; panel += panel_step) {
+      const size_t c0 = panel * kWoPanelCols;
+      const size_t c1 = HWY_MIN((few_rows ? panel_end : panel + 1) * kWoPanelCols, p.model_dim);
+      const char* base = static_cast<const char*>(wo.data);
+      const void* wo_c0 = wo.packed ? base + c0 * p.inner() * bytes : base + c0 * bytes;
+      size_t ldw = wo.packed ? c1 - c0 : wo.stride;
+      DType wo_dtype = wo.dtype;
+      float* panel_f32 = scratch + chain_floats;
+      size_t s0 = r0;
+      if (copies && packs_while_reading) {
+        // The first tile of rows reads Wo in place and fills the panel.
+        const size_t s1 = HWY_MIN(s0 + kChainRows, r1);
+        kernel(p, heads, wo_c0, wo_dtype, ldw, bias, y, b, s0, s1, c0, c1, scratch, panel_f32,
+               nullptr);
+        s0 = s1;
+      } else if (copies) {
+        widen_panel(p, wo_c0, wo.dtype, wo.stride, c1 - c0, panel_f32);
+      }
+      if (copies) {
+        wo_c0 = panel_f32;
+        wo_dtype = DType::kF32;
+        ldw = c1 - c0;
+      }
+      for (; s0 < r1; s0 += kChainRows) {
+        kernel(p, heads, wo_c0, wo_dtype, ldw, bias, y, b, s0, HWY_MIN(s0 + kChainRows, r1), c0,
+               c1, scratch, nullptr, nullptr);
+      }
+    }
+  });
+}
+
+// Y = bias + sum_h O_h Wo[h] with the heads summed in registers.  Below
+// kCopyWoRows rows (B x S), and for one or two rows a sequence (decode
+// steps), ChainedSumInPlace.  From there on, Wo is read from
+// headsum_wo_pack's panels or, in the plain call, from an f32 copy of Wo in
+// those panels made first (PackWoRowsF32), and O is packed (PackRowsOfO) a
+// block at a time, blocks of about the L1 size (PackedRowBlock): a work
+// item is one block times a group of Wo panels, and runs the block over
+// each panel of its group in turn: the block is packed once and read from
+// L1/L2 for every panel, each panel read from L2 once per row tile, and
+// the next block's rows of O are asked into L2 under this block's
+// arithmetic.  Panels are split into groups as far as the threads need
+// items, and as far as keeps a group within half the L2: then items go
+// group by group (the group stays in L2 while blocks of O stream past it),
+// otherwise block by block.  Every element of Y is one FMA chain whatever
+// the blocking: the result does not depend on it, nor on the thread count.
+// (Paired against ChainedSumInPlace for every row count, H*L = D = 512,
+// one SPR core, 16-byte offset: S=2048 plain 1.18x oneDNN where it was
+// 1.06x, packed 1.19x (1.14x); S=8192 1.19x (0.99x); S=512 about even;
+// S=128 and S=20 1.1-1.35x the time of ChainedSumInPlace.)
 headsum_status ChainedSum(const ProjDims& p, const TensorView& heads, const WoSource& wo,
                           const float* bias, const TensorView& y) {
   // bf16 O and Wo (or any, under fpmath BF16) on a native bf16 path in force;
@@ -117,31 +216,25 @@ headsum_status ChainedSum(const ProjDims& p, const TensorView& heads, const WoSo
     }
     if (wo.native != nullptr) return NativeProjection(*n, p, heads, nullptr, wo.native, bias, y);
   }
+  const size_t from_rows = ProjectionPackedFromRows() != 0 ? ProjectionPackedFromRows() : kCopyWoRows;
+  if (p.batch * p.seq < from_rows || p.seq <= 2) {
+    return ChainedSumInPlace(p, heads, wo, bias, y);
+  }
   const size_t t = TableIndex(ActiveTarget());
   const auto kernel = HWY_DISPATCH_TABLE(ChainTile)[t];
   const size_t panels = WoPanels(p.model_dim), inner = p.inner();
   const size_t threads = static_cast<size_t>(NumThreads());
-  // One or two rows (a decode step) read Wo in place, each element once, in
-  // column tiles that each sweep all of Wo's rows: an item takes its
-  // group's panels as one column range (MatMul's widest tiles, fewer
-  // sweeps), and the groups are as few as the threads need (one per
-  // thread for one sequence): longer runs of each Wo row per sweep, which
-  // is what keeps a Wo from memory streaming.
-  const bool few_rows = p.seq <= 2;
-  const bool copies_wo = !wo.packed && p.seq >= kPackPanelRows;
   // Where the panels are read from, and as what.
   const char* wo_base = static_cast<const char*>(wo.data);
   DType wo_dtype = wo.dtype;
-  bool panels_layout = wo.packed;
   hwy::AlignedFreeUniquePtr<float[]> fresh;
-  if (copies_wo) {
+  if (!wo.packed) {
     float* copy = CallBuffer(CachedBuffer::kWoPanels, inner * p.model_dim, &fresh);
     if (copy == nullptr) return HEADSUM_ERR_OUT_OF_MEMORY;
     // Items of Wo rows, each row read once in order and split among the
     // panels: as many items as the threads need.
     const auto pack_rows = HWY_DISPATCH_TABLE(PackWoRowsF32)[t];
-    const size_t row_items = HWY_MIN(inner, 4 * threads);
-    const size_t per_item = CeilDiv(inner, row_items);
+    const size_t per_item = CeilDiv(inner, HWY_MIN(inner, 4 * threads));
     const headsum_status st = ParallelItems(CeilDiv(inner, per_item), 0, [&](size_t i, float*) {
       pack_rows(p, wo.data, wo.dtype, wo.stride, i * per_item, HWY_MIN(inner, (i + 1) * per_item),
                 copy);
@@ -149,25 +242,17 @@ headsum_status ChainedSum(const ProjDims& p, const TensorView& heads, const WoSo
     if (st != HEADSUM_OK) return st;
     wo_base = reinterpret_cast<const char*>(copy);
     wo_dtype = DType::kF32;
-    panels_layout = true;
   }
   const size_t bytes = DTypeBytes(wo_dtype);
-  const size_t mc = few_rows ? p.seq : HWY_DISPATCH_TABLE(PackedRowBlock)[t](p, L1Bytes());
+  const size_t mc = HWY_DISPATCH_TABLE(PackedRowBlock)[t](p, L1Bytes());
   const size_t row_blocks = CeilDiv(p.seq, mc), blocks = p.batch * row_blocks;
-  // Groups that keep each within half the L2 (the panels as they are read:
-  // f32 copies, or a packed 16-bit Wo; a Wo in place counts as f32).
-  const size_t wo_bytes = inner * p.model_dim * (panels_layout ? bytes : sizeof(float));
-  const size_t l2_groups = few_rows ? 1 : CeilDiv(wo_bytes, HWY_MAX(L2Bytes() / 2, size_t{1}));
-  // Few rows of a Wo in place: each item takes its group's panels as one
-  // range of columns.
-  const bool one_range = few_rows && !panels_layout;
-  const size_t groups = HWY_MIN(
-      panels, HWY_MAX(l2_groups, CeilDiv((one_range ? 1 : 4) * threads, blocks)));
+  const size_t l2_groups = CeilDiv(inner * p.model_dim * bytes, HWY_MAX(L2Bytes() / 2, size_t{1}));
+  const size_t groups = HWY_MIN(panels, HWY_MAX(l2_groups, CeilDiv(4 * threads, blocks)));
   const size_t per_group = CeilDiv(panels, groups);
   const bool group_major = l2_groups > 1;
   const size_t chain_floats =
       (HWY_DISPATCH_TABLE(ChainScratch)[t](p, heads.dtype, y.dtype) + 15) / 16 * 16;
-  const size_t o_floats = few_rows ? 0 : HWY_DISPATCH_TABLE(PackedOFloats)[t](p, mc);
+  const size_t o_floats = HWY_DISPATCH_TABLE(PackedOFloats)[t](p, mc);
   const auto pack_o = HWY_DISPATCH_TABLE(PackRowsOfO)[t];
   return ParallelItems(blocks * groups, chain_floats + o_floats,
                        [&](size_t item, float* scratch) {
@@ -175,30 +260,21 @@ headsum_status ChainedSum(const ProjDims& p, const TensorView& heads, const WoSo
     const size_t block = group_major ? item % blocks : item / groups;
     const size_t b = block / row_blocks, r0 = block % row_blocks * mc;
     const size_t r1 = HWY_MIN(r0 + mc, p.seq);
-    float* o_packed = nullptr;
-    if (!few_rows) {
-      o_packed = scratch + chain_floats;
-      pack_o(p, heads, b, r0, r1, o_packed);
-    }
-    const size_t panel_end = HWY_MIN((group + 1) * per_group, panels);
+    float* o_packed = scratch + chain_floats;
+    pack_o(p, heads, b, r0, r1, o_packed);
+    const size_t first = group * per_group, end = HWY_MIN(first + per_group, panels);
     // The block this thread is likely to take next (items are handed out in
     // order, one at a time): its rows of O, a part after each panel.
-    size_t next_b = 0, next_r0 = 0, next_r1 = 0;
-    if (!few_rows && groups == 1 && block + threads < blocks) {
-      next_b = (block + threads) / row_blocks;
-      next_r0 = (block + threads) % row_blocks * mc;
-      next_r1 = HWY_MIN(next_r0 + mc, p.seq);
-    }
-    const size_t panel_step = one_range ? per_group : 1;
-    for (size_t panel = group * per_group; panel < panel_end; panel += panel_step) {
-      const size_t c0 = panel * kWoPanelCols;
-      const size_t c1 = HWY_MIN((one_range ? panel_end : panel + 1) * kWoPanelCols, p.model_dim);
-      const void* wo_c0 = panels_layout ? wo_base + c0 * inner * bytes : wo_base + c0 * bytes;
-      const size_t ldw = panels_layout ? c1 - c0 : wo.stride;
-      kernel(p, heads, wo_c0, wo_dtype, ldw, bias, y, b, r0, r1, c0, c1, scratch, o_packed);
-      if (next_r1 > next_r0) {
-        PrefetchRowsOfO(p, heads, next_b, next_r0, next_r1, panel - group * per_group,
-                        panel_end - group * per_group);
+    const size_t next = block + threads;
+    const bool prefetches = groups == 1 && next < blocks;
+    for (size_t panel = first; panel < end; ++panel) {
+      const size_t c0 = panel * kWoPanelCols, c1 = HWY_MIN(c0 + kWoPanelCols, p.model_dim);
+      kernel(p, heads, wo_base + c0 * inner * bytes, wo_dtype, c1 - c0, bias, y, b, r0, r1, c0, c1,
+             scratch, nullptr, o_packed);
+      if (prefetches) {
+        const size_t next_r0 = next % row_blocks * mc;
+        PrefetchRowsOfO(p, heads, next / row_blocks, next_r0, HWY_MIN(next_r0 + mc, p.seq),
+                        panel - first, end - first);
       }
     }
   });

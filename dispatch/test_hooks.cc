@@ -10,7 +10,7 @@ std::atomic<long> g_allocations_left{-1};
 
 std::atomic<size_t> g_stream_scores_bytes{testing::kDefaultStreamScoresBytes};
 std::atomic<size_t> g_kv_in_cache_bytes{testing::kKvInCacheAuto};
-std::atomic<size_t> g_projection_l1{0}, g_projection_l2{0};
+std::atomic<size_t> g_projection_l1{0}, g_projection_l2{0}, g_projection_rows{0};
 
 // Whether this allocation may go ahead: consumes one of the allowed ones.
 bool AllocationAllowed() {
@@ -39,6 +39,9 @@ void SetProjectionCacheBytes(size_t l1, size_t l2) {
   g_projection_l1.store(l1, std::memory_order_relaxed);
   g_projection_l2.store(l2, std::memory_order_relaxed);
 }
+void SetProjectionPackedFromRows(size_t rows) {
+  g_projection_rows.store(rows, std::memory_order_relaxed);
+}
 }  // namespace testing
 
 namespace dispatch {
@@ -50,6 +53,7 @@ size_t KvInCacheBytes() { return g_kv_in_cache_bytes.load(std::memory_order_rela
 
 size_t ProjectionL1Bytes() { return g_projection_l1.load(std::memory_order_relaxed); }
 size_t ProjectionL2Bytes() { return g_projection_l2.load(std::memory_order_relaxed); }
+size_t ProjectionPackedFromRows() { return g_projection_rows.load(std::memory_order_relaxed); }
 
 hwy::AlignedFreeUniquePtr<float[]> AllocateFloats(size_t n) {
   if (!AllocationAllowed()) return hwy::AlignedFreeUniquePtr<float[]>(nullptr, hwy::AlignedFreer());

@@ -43,6 +43,12 @@ void SetKvInCacheBytes(size_t bytes);
 // on small shapes.  Process-wide; for tests only.
 void SetProjectionCacheBytes(size_t l1, size_t l2);
 
+// Rows (batch x sequence) from which the chained projection packs O in
+// blocks (dispatch/projection.cc, kCopyWoRows); 0: that default.  Tests set
+// 3 to run that path on every shape of three rows a sequence or more.
+// Process-wide; for tests only.
+void SetProjectionPackedFromRows(size_t rows);
+
 }  // namespace testing
 
 namespace dispatch {
@@ -67,6 +73,7 @@ size_t KvInCacheBytes();
 // The sizes of SetProjectionCacheBytes (0: not set).
 size_t ProjectionL1Bytes();
 size_t ProjectionL2Bytes();
+size_t ProjectionPackedFromRows();
 
 }  // namespace dispatch
 }  // namespace headsum

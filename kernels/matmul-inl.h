@@ -66,10 +66,16 @@ constexpr size_t kPvVecs = kTileVecs;
 // projection uses it to sum every head's O_h Wo[h] in registers.
 // init: the accumulators start at init[col + v*N] in every row (a bias), or
 // at zero when init is null.
+// pack: where a packing tile (kPackB) also stores each f32 vector of B it
+// loads, row k of segment s at pack + (s * K + k) * pack_ld: B's columns
+// copied into one contiguous panel as a side effect of the first pass over
+// them, for the tiles after it to read (MatMulPackingB).
 struct KSegments {
   size_t segments = 1;
   size_t a_step = 0, b_step = 0;
   const float* init = nullptr;
+  float* pack = nullptr;
+  size_t pack_ld = 0;
   // Rows of B ahead whose every line the one- and two-row tiles prefetch
   // (B streamed from memory, as a decode step reads Wo); 0: only the first
   // line of the row 8 ahead.
@@ -102,13 +108,14 @@ HWY_INLINE void LoadBf16Pair(D d, const hwy::bfloat16_t* HWY_RESTRICT p, V& even
 // (ka = 1 for a row-major A; ka > 1 reads A transposed, e.g. P^T).
 // then epilogue(d, r, col + v*N, acc[r][v]) for each of them.  Caller
 // guarantees that B holds kVecs full vectors (of `d`) from `col` on.
-template <size_t kRows, size_t kVecs, class D, class TB, class Epilogue>
+template <size_t kRows, size_t kVecs, bool kPackB = false, class D, class TB, class Epilogue>
 HWY_INLINE void MicroTile(D d, size_t K, const float* HWY_RESTRICT a, size_t lda,
                           size_t ka, const TB* HWY_RESTRICT b, size_t ldb, size_t col,
                           const Epilogue& epilogue, const KSegments& chain = KSegments()) {
   static_assert(1 <= kRows && kRows <= 8, "rows");
   static_assert(1 <= kVecs && kVecs <= 6, "vectors");
   static_assert(kVecs <= 4 || kRows <= 2, "more than 4 vectors only for 1 or 2 rows");
+  static_assert(!kPackB || !kLoadsBf16Pairs<TB>, "a packed panel holds B in column order");
   using V = hn::Vec<D>;
   const size_t N = hn::Lanes(d);
   // Unused accumulators (rows >= kRows, vectors >= kVecs) compile away.
@@ -145,8 +152,9 @@ HWY_INLINE void MicroTile(D d, size_t K, const float* HWY_RESTRICT a, size_t lda
   for (size_t s = 0; s < chain.segments; ++s) {
     const TB* HWY_RESTRICT bk = b + s * chain.b_step + col;
     const float* HWY_RESTRICT ak = a + s * chain.a_step;
+    float* HWY_RESTRICT pk = kPackB ? chain.pack + s * K * chain.pack_ld + col : nullptr;
     for (size_t k = 0; k < K; ++k, bk += ldb, ak += ka) {
-      if constexpr (kRows <= 2) {
+      if constexpr (kRows <= 2 && !kPackB) {
         if (chain.prefetch_ahead != 0) {
           const char* ahead = reinterpret_cast<const char*>(bk + chain.prefetch_ahead * ldb);
           const size_t bytes = kVecs * N * sizeof(TB);
@@ -155,6 +163,10 @@ HWY_INLINE void MicroTile(D d, size_t K, const float* HWY_RESTRICT a, size_t lda
         } else {
           hwy::Prefetch(bk + 8 * ldb);
         }
+      }
+      if constexpr (kPackB) {
+        hwy::Prefetch(bk + 8 * ldb);
+        hwy::Prefetch(bk + 8 * ldb + kVecs * N - 1);
       }
       V b0, b1, b2, b3, b4, b5;
       if constexpr (kPair01) {
@@ -171,6 +183,15 @@ HWY_INLINE void MicroTile(D d, size_t K, const float* HWY_RESTRICT a, size_t lda
         if constexpr (kVecs > 3) b3 = LoadF32(d, bk + 3 * N);
         if constexpr (kVecs > 4) b4 = LoadF32(d, bk + 4 * N);
         if constexpr (kVecs > 5) b5 = LoadF32(d, bk + 5 * N);
+      }
+      if constexpr (kPackB) {
+        hn::StoreU(b0, d, pk);
+        if constexpr (kVecs > 1) hn::StoreU(b1, d, pk + N);
+        if constexpr (kVecs > 2) hn::StoreU(b2, d, pk + 2 * N);
+        if constexpr (kVecs > 3) hn::StoreU(b3, d, pk + 3 * N);
+        if constexpr (kVecs > 4) hn::StoreU(b4, d, pk + 4 * N);
+        if constexpr (kVecs > 5) hn::StoreU(b5, d, pk + 5 * N);
+        pk += chain.pack_ld;
       }
 #define HEADSUM_ROW_FMA(r)                                          \
   if constexpr (kRows > r) {                                        \
@@ -255,7 +276,7 @@ HWY_INLINE void MicroTile(D d, size_t K, const float* HWY_RESTRICT a, size_t lda
 // narrower ones down to one vector, then single lanes (Highway 1.0.3 has no
 // LoadN, and MaskedLoad is a full load on SSE4, so the tail never touches
 // memory past column cols-1).
-template <size_t kRows, size_t kVecs, class TB, class Epilogue>
+template <size_t kRows, size_t kVecs, bool kPackB = false, class TB, class Epilogue>
 HWY_INLINE void MatMulRows(size_t cols, size_t K, const float* HWY_RESTRICT a,
                            size_t lda, size_t ka, const TB* HWY_RESTRICT b, size_t ldb,
                            const Epilogue& epilogue, const KSegments& chain) {
@@ -263,14 +284,14 @@ HWY_INLINE void MatMulRows(size_t cols, size_t K, const float* HWY_RESTRICT a,
   const size_t N = hn::Lanes(d);
   size_t col = 0;
   for (; col + kVecs * N <= cols; col += kVecs * N) {
-    MicroTile<kRows, kVecs>(d, K, a, lda, ka, b, ldb, col, epilogue, chain);
+    MicroTile<kRows, kVecs, kPackB>(d, K, a, lda, ka, b, ldb, col, epilogue, chain);
   }
   // Then one narrower tile of each width down to two vectors, as needed.
   const auto narrower = [&](auto width) {
     constexpr size_t kWidth = decltype(width)::value;
     if constexpr (kVecs > kWidth) {
       if (col + kWidth * N <= cols) {
-        MicroTile<kRows, kWidth>(d, K, a, lda, ka, b, ldb, col, epilogue, chain);
+        MicroTile<kRows, kWidth, kPackB>(d, K, a, lda, ka, b, ldb, col, epilogue, chain);
         col += kWidth * N;
       }
     }
@@ -280,31 +301,31 @@ HWY_INLINE void MatMulRows(size_t cols, size_t K, const float* HWY_RESTRICT a,
   narrower(std::integral_constant<size_t, 3>());
   narrower(std::integral_constant<size_t, 2>());
   for (; col + N <= cols; col += N) {
-    MicroTile<kRows, 1>(d, K, a, lda, ka, b, ldb, col, epilogue, chain);
+    MicroTile<kRows, 1, kPackB>(d, K, a, lda, ka, b, ldb, col, epilogue, chain);
   }
   const hn::CappedTag<float, 1> d1;
   for (; col < cols; ++col) {
-    MicroTile<kRows, 1>(d1, K, a, lda, ka, b, ldb, col, epilogue, chain);
+    MicroTile<kRows, 1, kPackB>(d1, K, a, lda, ka, b, ldb, col, epilogue, chain);
   }
 }
 
-// The tile of `height` rows (1..kR) at a: MatMulRows<height, kV>.
-template <size_t kR, size_t kV, class TB, class Epilogue>
+// The tile of `height` rows (1..kR) at a: MatMulRows<height, kV, kPackB>.
+template <size_t kR, size_t kV, bool kPackB, class TB, class Epilogue>
 HWY_INLINE void RowTile(size_t height, size_t cols, size_t K, const float* HWY_RESTRICT a,
                         size_t lda, size_t ka, const TB* HWY_RESTRICT b, size_t ldb,
                         const Epilogue& epilogue, const KSegments& chain) {
   if (height == kR) {
-    MatMulRows<kR, kV>(cols, K, a, lda, ka, b, ldb, epilogue, chain);
+    MatMulRows<kR, kV, kPackB>(cols, K, a, lda, ka, b, ldb, epilogue, chain);
     return;
   }
   switch (height) {
-    case 1: if constexpr (kR > 1) MatMulRows<1, kV>(cols, K, a, lda, ka, b, ldb, epilogue, chain); break;
-    case 2: if constexpr (kR > 2) MatMulRows<2, kV>(cols, K, a, lda, ka, b, ldb, epilogue, chain); break;
-    case 3: if constexpr (kR > 3) MatMulRows<3, kV>(cols, K, a, lda, ka, b, ldb, epilogue, chain); break;
-    case 4: if constexpr (kR > 4) MatMulRows<4, kV>(cols, K, a, lda, ka, b, ldb, epilogue, chain); break;
-    case 5: if constexpr (kR > 5) MatMulRows<5, kV>(cols, K, a, lda, ka, b, ldb, epilogue, chain); break;
-    case 6: if constexpr (kR > 6) MatMulRows<6, kV>(cols, K, a, lda, ka, b, ldb, epilogue, chain); break;
-    case 7: if constexpr (kR > 7) MatMulRows<7, kV>(cols, K, a, lda, ka, b, ldb, epilogue, chain); break;
+    case 1: if constexpr (kR > 1) MatMulRows<1, kV, kPackB>(cols, K, a, lda, ka, b, ldb, epilogue, chain); break;
+    case 2: if constexpr (kR > 2) MatMulRows<2, kV, kPackB>(cols, K, a, lda, ka, b, ldb, epilogue, chain); break;
+    case 3: if constexpr (kR > 3) MatMulRows<3, kV, kPackB>(cols, K, a, lda, ka, b, ldb, epilogue, chain); break;
+    case 4: if constexpr (kR > 4) MatMulRows<4, kV, kPackB>(cols, K, a, lda, ka, b, ldb, epilogue, chain); break;
+    case 5: if constexpr (kR > 5) MatMulRows<5, kV, kPackB>(cols, K, a, lda, ka, b, ldb, epilogue, chain); break;
+    case 6: if constexpr (kR > 6) MatMulRows<6, kV, kPackB>(cols, K, a, lda, ka, b, ldb, epilogue, chain); break;
+    case 7: if constexpr (kR > 7) MatMulRows<7, kV, kPackB>(cols, K, a, lda, ka, b, ldb, epilogue, chain); break;
     default: break;
   }
 }
@@ -342,7 +363,35 @@ HWY_INLINE void MatMulStridedA(size_t rows, size_t cols, size_t K, const float* 
     const auto shifted = [&](auto d, size_t r, size_t c, auto acc) {
       epilogue(d, r0 + r, c, acc);
     };
-    RowTile<kR, kV>(height, cols, K, a + r0 * lda, lda, ka, b, ldb, shifted, chain);
+    RowTile<kR, kV, false>(height, cols, K, a + r0 * lda, lda, ka, b, ldb, shifted, chain);
+  });
+}
+
+// MatMul that also copies B, as f32, into chain.pack (row stride
+// chain.pack_ld >= cols; segment s's K rows at pack + s * K * pack_ld): the
+// first row tile reads B in place and stores every vector it loads, the
+// tiles after it read that contiguous panel.  For a B whose rows are far
+// apart (Wo's rows, D floats apart, fall into a few L1 sets), this is the
+// copy that the later tiles need, at the price of stores under the first
+// tile's FMAs instead of a separate pass.  Same results as MatMul.
+template <size_t kR, size_t kV, class TB, class Epilogue>
+HWY_INLINE void MatMulPackingB(size_t rows, size_t cols, size_t K, const float* HWY_RESTRICT a,
+                               size_t lda, const TB* HWY_RESTRICT b, size_t ldb,
+                               const Epilogue& epilogue, const KSegments& chain) {
+  KSegments from_pack = chain;
+  from_pack.b_step = K * chain.pack_ld;
+  from_pack.pack = nullptr;
+  ForEachRowTile<kR>(rows, [&](size_t t, size_t r0, size_t height) {
+    const auto shifted = [&](auto d, size_t r, size_t c, auto acc) {
+      epilogue(d, r0 + r, c, acc);
+    };
+    if (t == 0) {
+      RowTile<kR, kV, true>(height, cols, K, a + r0 * lda, lda, 1, b, ldb, shifted, chain);
+    } else {
+      RowTile<kR, kV, false>(height, cols, K, a + r0 * lda, lda, 1,
+                             static_cast<const float*>(chain.pack), chain.pack_ld, shifted,
+                             from_pack);
+    }
   });
 }
 

@@ -146,17 +146,22 @@ inline size_t ChainScratch(const ProjDims& p, DType o, DType y) {
 // concatenated copy and without a pass over Y per head.  wo_c0 points at
 // column c0 of Wo with row stride ldw: Wo itself (ldw = its row stride) or
 // one packed panel (ldw = the panel's width, c1 - c0 within it); a 16-bit Wo
-// is widened in registers as it is loaded.  O comes packed (o_packed: rows
-// [s0, s1) of O by PackRowsOfO, any dtype widened there) or, when o_packed
-// is null, as the view `heads`: f32 read in place, 16-bit widened into
-// scratch.  Y is a view: f32 written in place, a 16-bit Y tile computed in
-// f32 and rounded once.
+// is widened in registers as it is loaded.  O and Y are views (any dtype):
+// f32 O is read in place, 16-bit O widened into scratch (or, o_packed not
+// null, rows [s0, s1) of O come packed by PackRowsOfO, any dtype widened
+// there); a 16-bit Y tile is computed in f32 and rounded once.  pack_into
+// (when not null, o_packed null, and
+// CanPackWhileReading(wo dtype)): Wo's columns [c0, c1) are also copied, as
+// f32 rows of c1 - c0 floats, into that panel by the first row tile, which
+// reads Wo in place; the other row tiles read the panel (MatMulPackingB),
+// and so can the caller's next tiles of rows.
 template <class TB>
 HWY_INLINE void ChainTileT(const ProjDims& p, const TensorView& heads,
                            const TB* HWY_RESTRICT wo_c0, size_t ldw,
                            const float* HWY_RESTRICT bias, const TensorView& y, size_t b,
                            size_t s0, size_t s1, size_t c0, size_t c1,
-                           float* HWY_RESTRICT scratch, const float* HWY_RESTRICT o_packed) {
+                           float* HWY_RESTRICT scratch, float* HWY_RESTRICT pack_into,
+                           const float* HWY_RESTRICT o_packed) {
   const size_t H = p.heads, L = p.head_dim, rows = s1 - s0, cols = c1 - c0;
   const float* HWY_RESTRICT o = nullptr;
   size_t lda = 0, a_step = 0;
@@ -192,6 +197,7 @@ HWY_INLINE void ChainTileT(const ProjDims& p, const TensorView& heads,
   const auto store = [&](auto d, size_t r, size_t c, auto acc) {
     hn::StoreU(acc, d, y_tile + r * ldy + c);
   };
+  bool packed = false;
   if (o_packed != nullptr) {
     // PackRowsOfO's row tiles, each quad [H*L][4]: row r of a tile at
     // (r % 4) + (r / 4) * 4 * H * L, step 4 along l, 4 * L from head to head.
@@ -199,10 +205,21 @@ HWY_INLINE void ChainTileT(const ProjDims& p, const TensorView& heads,
     every_head.a_quad = 4 * p.inner();
     ForEachRowTile<kChainTileRows>(rows, [&](size_t t, size_t r0, size_t height) {
       const auto shifted = [&](auto d, size_t r, size_t c, auto acc) { store(d, r0 + r, c, acc); };
-      RowTile<kChainTileRows, kChainTileVecs>(height, cols, L, o + t * kPackedTileRows * p.inner(),
-                                              1, 4, wo_c0, ldw, shifted, every_head);
+      RowTile<kChainTileRows, kChainTileVecs, false>(
+          height, cols, L, o + t * kPackedTileRows * p.inner(), 1, 4, wo_c0, ldw, shifted,
+          every_head);
     });
-  } else {
+    packed = true;
+  } else if constexpr (!kLoadsBf16Pairs<TB>) {
+    if (pack_into != nullptr) {
+      KSegments packing = every_head;
+      packing.pack = pack_into;
+      packing.pack_ld = cols;
+      MatMulPackingB<kChainTileRows, kChainTileVecs>(rows, cols, L, o, lda, wo_c0, ldw, store, packing);
+      packed = true;
+    }
+  }
+  if (!packed) {
 #if HWY_TARGET != HWY_SCALAR
     // One or two rows (a decode step): the wide tile would leave 2-3 FMA
     // chains in flight, a latency-bound quarter of the FMA rate; spread the
@@ -237,10 +254,48 @@ HWY_INLINE void ChainTileT(const ProjDims& p, const TensorView& heads,
 inline void ChainTile(const ProjDims& p, const TensorView& heads, const void* wo_c0,
                       DType wo_dtype, size_t ldw, const float* HWY_RESTRICT bias,
                       const TensorView& y, size_t b, size_t s0, size_t s1, size_t c0,
-                      size_t c1, float* HWY_RESTRICT scratch, const float* HWY_RESTRICT o_packed) {
+                      size_t c1, float* HWY_RESTRICT scratch, float* HWY_RESTRICT pack_into,
+                      const float* HWY_RESTRICT o_packed) {
   WithElementType(wo_dtype, wo_c0, [&](const auto* wo) {
-    ChainTileT(p, heads, wo, ldw, bias, y, b, s0, s1, c0, c1, scratch, o_packed);
+    ChainTileT(p, heads, wo, ldw, bias, y, b, s0, s1, c0, c1, scratch, pack_into, o_packed);
   });
+}
+
+// Whether ChainTile can copy a Wo of dtype t into its panel as it reads it
+// (pack_into): f32 and f16 rows are loaded in column order; bf16 rows are
+// loaded as deinterleaved column pairs, and are widened by WidenPanel first.
+inline bool CanPackWhileReading(DType t) {
+  return t != DType::kBF16 || !kLoadsBf16Pairs<hwy::bfloat16_t>;
+}
+
+// Floats of one Wo panel widened to f32, [H*L][kWoPanelCols]: the plain
+// call's copy of a panel per work item (dispatch/projection.cc says when).
+inline size_t PanelFloats(const ProjDims& p) { return p.inner() * kWoPanelCols; }
+
+// Every row of Wo's columns [c0, c0 + width) (wo_c0 at column c0 of row 0,
+// dtype t, row stride ldw elements) into dst as f32 rows of `width` floats:
+// one contiguous panel, read by ChainTile with ldw = width.  Rows of Wo in
+// place are D floats apart, so a 6-row tile's 512 loads of B per column
+// block fall into a few L1 sets (2 KiB apart at D = 512) and come from L2;
+// the panel's rows are adjacent.  Widening is exact: the same bits as
+// reading the 16-bit Wo in place.  Used for a bf16 Wo only: f32 and f16
+// panels are filled by ChainTile's first row tile as it reads them
+// (CanPackWhileReading).
+inline void WidenPanel(const ProjDims& p, const void* wo_c0, DType t, size_t ldw, size_t width,
+                       float* HWY_RESTRICT dst) {
+  // Rows 2 KiB apart start no hardware stream: each row is asked for 24 rows
+  // ahead of its copy (8 and 24 measured alike on Zen 1).
+  constexpr size_t kAhead = 24;
+  const char* src = static_cast<const char*>(wo_c0);
+  const size_t rows = p.inner(), bytes = DTypeBytes(t), row_bytes = width * bytes;
+  for (size_t k = 0; k < rows; ++k) {
+    if (k + kAhead < rows) {
+      const char* ahead = src + (k + kAhead) * ldw * bytes;
+      for (size_t i = 0; i < row_bytes; i += 64) hwy::Prefetch(ahead + i);
+      hwy::Prefetch(ahead + row_bytes - 1);
+    }
+    ConvertRow(src + k * ldw * bytes, t, width, dst + k * width, DType::kF32);
+  }
 }
 
 // Rows of O per work item when O is packed (PackRowsOfO): a packed block

@@ -138,14 +138,20 @@ TEST_P(ProjectHeadsSumPacked, EqualsReferenceAndPlainCallBitwise) {
   });
 }
 
-// The chained sum blocks its rows and Wo panels for the L1 and L2 sizes it
-// reads from sysconf; whatever they are, each element of Y is the same FMA
-// chain.  Caches of one byte (blocks of one row tile, one panel per group,
-// the groups' order) and of a gigabyte (the largest blocks, one group) give
-// the plain and the packed call's bits of the sizes this machine reports.
-TEST_P(ProjectHeadsSumPacked, AnyCacheSizeGivesTheSameBits) {
+// From kCopyWoRows rows on, the chained sum packs O in blocks sized to the
+// L1 and runs them over Wo panel groups sized to the L2, the sizes it reads
+// from sysconf; below, it reads O in place.  Whichever, each element of Y
+// is the same FMA chain.  With the blocked path taken from three rows on,
+// caches of one byte (blocks of one row tile, one panel per group, the
+// groups' order) and of a gigabyte (the largest blocks, one group) give the
+// plain and the packed call's bits of the default (for most of these shapes
+// O in place).
+TEST_P(ProjectHeadsSumPacked, AnyBlockingGivesTheSameBits) {
   struct RestoreSizes {
-    ~RestoreSizes() { headsum::testing::SetProjectionCacheBytes(0, 0); }
+    ~RestoreSizes() {
+      headsum::testing::SetProjectionCacheBytes(0, 0);
+      headsum::testing::SetProjectionPackedFromRows(0);
+    }
   } restore;
   ForEachShape(ProjectionSweepShapes(), [](const MhaShape& s, uint64_t n) {
     const headsum_proj_shape shape = s.proj();
@@ -155,8 +161,9 @@ TEST_P(ProjectHeadsSumPacked, AnyCacheSizeGivesTheSameBits) {
     headsum_status st = headsum_wo_pack(&shape, in.wo.data(), &packed);
     if (st != HEADSUM_OK) return CallFailed("wo_pack", st);
     std::vector<std::vector<float>> ys;
-    for (const size_t bytes : {size_t{0}, size_t{1}, size_t{1} << 30}) {
+    for (const size_t bytes : {size_t{0}, size_t{1}, size_t{1} << 30, size_t{0}}) {
       headsum::testing::SetProjectionCacheBytes(bytes, bytes);
+      headsum::testing::SetProjectionPackedFromRows(ys.empty() ? 0 : 3);
       ys.push_back(Sentinels(s.y_elems()));
       st = headsum_project_heads_sum(&shape, in.heads.data(), in.wo.data(), bias, ys.back().data());
       if (st != HEADSUM_OK) break;
@@ -166,6 +173,7 @@ TEST_P(ProjectHeadsSumPacked, AnyCacheSizeGivesTheSameBits) {
       if (st != HEADSUM_OK) break;
     }
     headsum::testing::SetProjectionCacheBytes(0, 0);
+    headsum::testing::SetProjectionPackedFromRows(0);
     headsum_wo_free(packed);
     if (st != HEADSUM_OK) return CallFailed("project_heads_sum(_packed)", st);
     const RefProjDims d(shape);
@@ -176,7 +184,10 @@ TEST_P(ProjectHeadsSumPacked, AnyCacheSizeGivesTheSameBits) {
     if (!r) return r << " (one-byte caches vs reference)";
     for (size_t i = 1; i < ys.size(); ++i) {
       r = BitwiseEqual(ys[0], ys[i], YLayout(s));
-      if (!r) return r << " (call " << i << " of plain/packed x sysconf/1 B/1 GiB caches)";
+      if (!r) {
+        return r << " (call " << i << " of plain/packed x default, then blocked from 3 rows"
+                 << " with 1 B / 1 GiB / sysconf caches)";
+      }
     }
     return r;
   });

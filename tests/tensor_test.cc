@@ -652,8 +652,25 @@ TEST_P(TensorProjection, EveryDtypeAndStrideMatchesReference) {
         ASSERT_EQ(headsum_project_heads_sum_packed_tensors(&shape, &to2, packed, bias.data(),
                                                            &ty2),
                   HEADSUM_OK) << headsum_last_error();
-        headsum_wo_free(packed);
         EXPECT_EQ(p.y.bytes, p2.y.bytes) << "packed differs from unpacked";
+
+        // O packed in blocks from three rows on (the path of B x S >=
+        // kCopyWoRows): the same bits, plain and packed Wo.
+        struct RestoreRows {
+          ~RestoreRows() { headsum::testing::SetProjectionPackedFromRows(0); }
+        } restore;
+        headsum::testing::SetProjectionPackedFromRows(3);
+        ProjBuffers p3 = MakeProjBuffers(c, t, strided, o, wo), p4 = p3;
+        headsum_tensor to3 = p3.o.tensor(), tw3 = p3.wo.tensor(), ty3 = p3.y.tensor();
+        headsum_tensor to4 = p4.o.tensor(), ty4 = p4.y.tensor();
+        ASSERT_EQ(headsum_project_heads_sum_tensors(&shape, &to3, &tw3, bias.data(), &ty3),
+                  HEADSUM_OK) << headsum_last_error();
+        ASSERT_EQ(headsum_project_heads_sum_packed_tensors(&shape, &to4, packed, bias.data(),
+                                                           &ty4),
+                  HEADSUM_OK) << headsum_last_error();
+        headsum_wo_free(packed);
+        EXPECT_EQ(p.y.bytes, p3.y.bytes) << "O packed in blocks differs (plain)";
+        EXPECT_EQ(p.y.bytes, p4.y.bytes) << "O packed in blocks differs (packed Wo)";
       }
     }
   }
@@ -682,18 +699,25 @@ TEST_P(TensorProjection, DeterministicAcrossThreadCounts) {
   headsum_proj_shape shape = {c.b, c.s, c.h, c.l, c.d};
   const std::vector<float> o = RandomUniform(size_t(c.b * c.h * c.s * c.l), -1, 1, 21);
   const std::vector<float> wo = RandomUniform(size_t(c.h * c.l * c.d), -1, 1, 22);
+  struct RestoreRows {
+    ~RestoreRows() { headsum::testing::SetProjectionPackedFromRows(0); }
+  } restore;
   for (const ProjCombo& t : kProjCombos) {
     std::vector<std::vector<char>> ys;
-    for (int threads : {1, 2, 3}) {
-      ASSERT_EQ(headsum_set_num_threads(threads), HEADSUM_OK);
-      ProjBuffers p = MakeProjBuffers(c, t, true, o, wo);
-      headsum_tensor to = p.o.tensor(), tw = p.wo.tensor(), ty = p.y.tensor();
-      ASSERT_EQ(headsum_project_heads_sum_tensors(&shape, &to, &tw, nullptr, &ty), HEADSUM_OK);
-      ys.push_back(p.y.bytes);
+    // O read in place (140 rows), then packed in blocks from three rows on.
+    for (size_t from_rows : {0, 3}) {
+      headsum::testing::SetProjectionPackedFromRows(from_rows);
+      for (int threads : {1, 2, 3}) {
+        ASSERT_EQ(headsum_set_num_threads(threads), HEADSUM_OK);
+        ProjBuffers p = MakeProjBuffers(c, t, true, o, wo);
+        headsum_tensor to = p.o.tensor(), tw = p.wo.tensor(), ty = p.y.tensor();
+        ASSERT_EQ(headsum_project_heads_sum_tensors(&shape, &to, &tw, nullptr, &ty), HEADSUM_OK);
+        ys.push_back(p.y.bytes);
+      }
     }
+    headsum::testing::SetProjectionPackedFromRows(0);
     headsum_set_num_threads(0);
-    EXPECT_EQ(ys[0], ys[1]);
-    EXPECT_EQ(ys[0], ys[2]);
+    for (size_t i = 1; i < ys.size(); ++i) EXPECT_EQ(ys[0], ys[i]) << "call " << i;
   }
 }
 
