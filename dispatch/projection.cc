@@ -66,11 +66,14 @@ void PrefetchRowsOfO(const ProjDims& p, const TensorView& heads, size_t b, size_
   const size_t row_bytes = p.head_dim * DTypeBytes(heads.dtype);
   for (size_t i = part * n / parts; i < (part + 1) * n / parts; ++i) {
     const char* row = heads.Row(b, i / rows, s0 + i % rows);
-    for (size_t off = 0; off < row_bytes; off += 64) __builtin_prefetch(row + off, 0, 2);
+    // A loop of prefetches alone has no effect that GCC must keep: it
+    // deletes such a loop, and the calls to a function made of one.  The
+    // empty asm that takes each address is one it must keep.
+    for (size_t off = 0; off < row_bytes; off += 64) {
+      __builtin_prefetch(row + off, 0, 2);
+      asm volatile("" : : "r"(row + off));
+    }
     __builtin_prefetch(row + row_bytes - 1, 0, 2);
-    // A loop of prefetches alone has no effect that GCC must keep: without
-    // this it deletes the loop, and the calls to a function made of it.
-    asm volatile("" ::: "memory");
   }
 }
 
@@ -85,12 +88,11 @@ bool EveryGateIsOne(const float* head_gates, size_t heads) {
 }  // namespace
 
 // The L1 data and L2 sizes of this CPU (sysconf), or 32 and 256 KiB when
-// it does not say
+// it does not say (or the sizes a test set: SetProjectionCacheBytes).
 size_t CacheBytes(int name, size_t fallback) {
   const long r = sysconf(name);
   return r > 0 ? static_cast<size_t>(r) : fallback;
 }
-// (or the sizes a test set: SetProjectionCacheBytes).
 size_t L1Bytes() {
   static const size_t bytes = CacheBytes(_SC_LEVEL1_DCACHE_SIZE, size_t{32} << 10);
   return ProjectionL1Bytes() != 0 ? ProjectionL1Bytes() : bytes;
@@ -107,8 +109,9 @@ size_t ChainRowBlock(const ProjDims& p) {
   return HWY_MIN(HWY_MAX(rows / kChainRows, size_t{1}), size_t{8}) * kChainRows;
 }
 
-// ChainedSum for fewer than kCopyWoRows rows (B x S): O read in place,
-// Wo in place or from headsum_wo_pack's panels.  A work item is a block of
+// ChainedSum for fewer than kCopyWoRows rows (B x S) and for one or two
+// rows a sequence: O read in place, Wo in place or from headsum_wo_pack's
+// panels.  A work item is a block of
 // rows (sized to the L2) times a group of Wo panels; inside it, panel by
 // panel, the rows run in kChainRows tiles: the block of O is read from
 // memory once and from L2 for every other panel, a panel from L2 once per
@@ -117,8 +120,8 @@ size_t ChainRowBlock(const ProjDims& p) {
 // Panels are split into groups only as far as the threads need items.
 // Every element of Y is one FMA chain whatever the blocking: the result
 // does not depend on it, nor on the thread count.
-headsum_status ChainedSumInPlace(const ProjDims& p, const TensorView& heads, const WoSource& wo,
-                          const float* bias, const TensorView& y) {
+headsum_status ChainedSumInPlace(const ProjDims& p, const TensorView& heads,
+                                 const WoSource& wo, const float* bias, const TensorView& y) {
   const size_t t = TableIndex(ActiveTarget());
   const auto kernel = HWY_DISPATCH_TABLE(ChainTile)[t];
   const size_t mc = ChainRowBlock(p);
