@@ -134,10 +134,22 @@ inline FlashScratch CarveFlashScratch(const AttnDims& a, const AttnViews& v, flo
   return f;
 }
 
-// Prefetches the cache lines of `bytes` bytes from p.
+// Prefetches the cache lines of `bytes` bytes from p, the last one too
+// where p is not at a line's start. GCC 12 deletes a loop made only of
+// prefetches (and the calls to a function made of one): the empty asm that
+// takes each address is an effect it must keep.
 HWY_INLINE void PrefetchBytes(const void* p, size_t bytes) {
+  if (bytes == 0) return;
   const char* c = static_cast<const char*>(p);
-  for (size_t i = 0; i < bytes; i += 64) hwy::Prefetch(c + i);
+  for (size_t i = 0; i < bytes; i += 64) {
+    hwy::Prefetch(c + i);
+    asm volatile("" : : "r"(c + i));
+  }
+  const char* last = c + bytes - 1;
+  if ((reinterpret_cast<uintptr_t>(last) >> 6) != (reinterpret_cast<uintptr_t>(c + ((bytes - 1) & ~size_t{63})) >> 6)) {
+    hwy::Prefetch(last);
+    asm volatile("" : : "r"(last));
+  }
 }
 
 // Rows of K or V of one kv head as the kernels read them: f32 in place
