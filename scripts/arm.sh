@@ -16,7 +16,8 @@
 # 5.5 s under cortex-a72 on NEON and under max,sve128=on on SVE or SVE2_128,
 # 60 s under max,sve256=on on SVE and under max on SVE2), so
 # HEADSUM_ARM_ALL_TARGETS=0 (what .ci/run uses) runs each target's kernel
-# tests under one CPU, every target whole at its narrowest length and the
+# tests under one CPU, every target whole at its narrowest length (but SVE2,
+# whose 128-bit code SVE and SVE2_128 cover: its reference checks) and the
 # kernels' reference checks again at 256 and 512 bits:
 #
 #   cortex-a72      NEON, SCALAR                       everything
