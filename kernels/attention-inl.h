@@ -62,6 +62,19 @@ inline size_t QueryColumns(size_t rows) {
   return RoundUpToVectors(rows, N);
 }
 
+// Whether a block of rows that all see the same keys runs on the grouped
+// dot products although it is larger than 4 groups: on 16 or more lanes, a
+// block up to a quarter vector past one vector (the seed's 20 rows on
+// AVX-512) over few keys.  The transposed tiles would pad it to two vectors
+// of query lanes (37% of the QK^T lanes and of the softmax's are padding at
+// 20 rows), and over a few keys nothing amortizes the block's Q transpose.
+// Measured on the Sapphire Rapids VM (B=1 H=8 L=64, Sq = Skv = S, one
+// thread, 16-byte offset, paired rounds, time grouped / transposed): S=20
+// 0.82 (q1-q3 0.82-0.84), S=24 0.97 (0.94-1.10), S=36 1.05, S=44 1.10.
+inline bool GroupsShortBlock(size_t rows, size_t keys, size_t lanes) {
+  return lanes >= 16 && rows <= lanes + lanes / 4 && keys <= 2 * lanes;
+}
+
 struct FlashScratch {
   size_t ldw;     // row stride of q_t and s_t: QueryColumns(kQueryBlock)
   float* q_t;     // [L][ldw]        scale * Q^T of the block, zero-padded
@@ -1599,7 +1612,8 @@ inline void FlashAttentionRows(const AttnDims& a, const AttnViews& views, size_t
   // one-lane P V loop over a key's four contiguous weights into loads of two
   // neighbouring V elements, the second past the end of the last V row
   // (tests/guard_pages_test.cc); its rows take the paths below.
-  if (HWY_TARGET != HWY_SCALAR && rows > kDotRows && rows <= 4 * kGroupRows &&
+  if (HWY_TARGET != HWY_SCALAR && rows > kDotRows &&
+      (rows <= 4 * kGroupRows || GroupsShortBlock(rows, key_end - key_begin, lanes)) &&
       a.visible_keys(i0) == a.visible_keys(i1 - 1)) {
     Fill(f.acc, rows * L, 0.0f);
     const size_t visible = a.visible_keys(i0);
