@@ -299,21 +299,6 @@ HWY_INLINE void RescaleAddWeightedRows(const float* HWY_RESTRICT p, size_t n,
   for (; c < L; ++c) rest(d1, c);
 }
 
-// Makes the compiler hold these vectors in registers.  GCC otherwise folds a
-// vector's load into each FMA that uses it: in the grouped scores' loop
-// every Q vector was loaded twice (10 loads per 8 FMAs), and Zen 1 does one
-// 256-bit load per cycle, so the loop waited on loads, not on the FMAs.
-template <class V>
-HWY_INLINE void KeepInRegister(V& v) {
-#if HWY_ARCH_X86 && HWY_TARGET <= HWY_SSSE3 && (defined(__GNUC__) || defined(__clang__))
-  auto raw = v.raw;  // a local: clang cannot tie a member reached through a reference
-  __asm__("" : "+x"(raw));
-  v.raw = raw;
-#else
-  (void)v;
-#endif
-}
-
 // out[k] = the sum of the lanes of v_k, k = 0..7 (eight dot products'
 // accumulators).  On x86 a transposing tree of horizontal adds reduces all
 // eight at once (9 shuffles/adds on AVX2 instead of 8 full reductions of ~6
