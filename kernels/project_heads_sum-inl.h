@@ -126,9 +126,23 @@ inline void PackRowsOfO(const ProjDims& p, const TensorView& heads, size_t b, si
   });
 }
 
-// Rows of Wo ahead that a one- or two-row tile prefetches: 32 and 64
-// measured alike, 8 (the first line only) lost a third from memory.
-constexpr size_t kFewRowsPrefetch = 32;
+// Rows of Wo ahead that a one- or two-row tile prefetches, every line of
+// its columns.  Far enough to cover a read from memory (on Zen 5 the first
+// line of the row 8 ahead alone lost a third to every line 32 ahead, Wo
+// from memory), near enough that the rows in flight do not overflow the
+// L1 sets they map to: a row stride of R bytes puts the same columns of
+// rows 4096/R apart in the same sets (all rows, for R a multiple of 4 KiB),
+// and 12 ways hold 12 such rows with nothing else there.  With 32 rows
+// ahead the prefetched lines evicted each other before they were read:
+// measured on the Sapphire Rapids VM (H*L = D = 512, one thread, Wo in
+// L2, medians of 5 rounds), f32 Wo (2 KiB rows) 17.1 us at 32 rows ahead,
+// 14.7 at 12, 11.1 at 8 and 4; bf16 12.7 at 32, 11.2 at 12, 9.6 at 8; from
+// memory 32 and 8 alike (f32 94.5 vs 78.5 us, bf16 50.3 vs 50.4).  So about
+// 16 KiB of rows ahead: 4 rows of sets each way at most, clamped to 4-32.
+inline size_t FewRowsPrefetch(size_t row_bytes) {
+  const size_t rows = row_bytes == 0 ? 32 : (size_t{16} << 10) / row_bytes;
+  return rows < 4 ? 4 : (rows > 32 ? 32 : rows);
+}
 
 // Floats of scratch ChainTile needs: a 16-bit O's rows widened ([H][rows][L])
 // and a 16-bit Y tile before its rounding ([rows][cols]: up to kChainRows
@@ -227,10 +241,10 @@ HWY_INLINE void ChainTileT(const ProjDims& p, const TensorView& heads,
     // element is still one chain over h, then l, so the result is the same
     // bits).  Their B rows are each read once per column tile, a few lines
     // every 1-2 KiB, which starts no hardware stream: every line of the row
-    // kFewRowsPrefetch ahead is prefetched (a Wo from memory, H*L = D = 512,
+    // FewRowsPrefetch ahead is prefetched (a Wo from memory, H*L = D = 512,
     // Zen 5, one thread: bf16 37 -> 21-23 us, f32 48 -> 37-39 us, with the
     // wider column ranges of dispatch/projection.cc).
-    every_head.prefetch_ahead = rows <= 2 ? kFewRowsPrefetch : 0;
+    every_head.prefetch_ahead = rows <= 2 ? FewRowsPrefetch(ldw * sizeof(TB)) : 0;
     if (rows == 1) {
       MatMul<1, 6>(rows, cols, L, o, lda, wo_c0, ldw, store, every_head);
     } else if (rows == 2) {
