@@ -138,7 +138,8 @@ inline void PackRowsOfO(const ProjDims& p, const TensorView& heads, size_t b, si
 // L2, medians of 5 rounds), f32 Wo (2 KiB rows) 17.1 us at 32 rows ahead,
 // 14.7 at 12, 11.1 at 8 and 4; bf16 12.7 at 32, 11.2 at 12, 9.6 at 8; from
 // memory 32 and 8 alike (f32 94.5 vs 78.5 us, bf16 50.3 vs 50.4).  So about
-// 16 KiB of rows ahead: 4 rows of sets each way at most, clamped to 4-32.
+// 16 KiB of rows ahead (at most 4 of the 12 ways of a set taken by rows in
+// flight), clamped to 4-32 rows.
 inline size_t FewRowsPrefetch(size_t row_bytes) {
   const size_t rows = row_bytes == 0 ? 32 : (size_t{16} << 10) / row_bytes;
   return rows < 4 ? 4 : (rows > 32 ? 32 : rows);
