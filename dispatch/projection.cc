@@ -25,8 +25,6 @@ HWY_EXPORT(ChainScratch);
 HWY_EXPORT(PackRowsOfO);
 HWY_EXPORT(PackedOFloats);
 HWY_EXPORT(PackWoRowsF32);
-HWY_EXPORT(WidenPanel);
-HWY_EXPORT(CanPackWhileReading);
 HWY_EXPORT(PanelFloats);
 HWY_EXPORT(PackedRowBlock);
 HWY_EXPORT(ContributionNormsRows);
@@ -43,8 +41,9 @@ constexpr size_t kRowBlock = 48;
 // (a multiple of every target's 2-vector tile).
 constexpr size_t kColBlock = 128;
 // Rows of an item from which the plain call copies each Wo panel into
-// contiguous f32 scratch before its rows run over it (WidenPanel): the copy
-// reads the panel once; fewer rows (a decode step) read Wo in place.
+// contiguous f32 scratch as its first row tile reads it (ChainTile's
+// pack_into), for the other tiles to read; fewer rows (a decode step) read
+// Wo in place.
 constexpr size_t kPackPanelRows = 8;
 // Rows (batch x sequence) from which the plain call makes an f32 copy of
 // the whole Wo in packed panels (PackWoRowsF32) before its rows run over
@@ -139,8 +138,6 @@ headsum_status ChainedSumInPlace(const ProjDims& p, const TensorView& heads,
   const size_t per_group = CeilDiv(panels, groups);
   const size_t bytes = DTypeBytes(wo.dtype);
   const bool copies_panels = !wo.packed && HWY_MIN(mc, p.seq) >= kPackPanelRows;
-  const auto widen_panel = HWY_DISPATCH_TABLE(WidenPanel)[t];
-  const bool packs_while_reading = HWY_DISPATCH_TABLE(CanPackWhileReading)[t](wo.dtype);
   // The panel copy after the kernel's own scratch, on a 64-byte boundary.
   const size_t chain_floats = (HWY_DISPATCH_TABLE(ChainScratch)[t](p, heads.dtype, y.dtype) + 15) /
                               16 * 16;
@@ -164,16 +161,12 @@ headsum_status ChainedSumInPlace(const ProjDims& p, const TensorView& heads,
       DType wo_dtype = wo.dtype;
       float* panel_f32 = scratch + chain_floats;
       size_t s0 = r0;
-      if (copies && packs_while_reading) {
+      if (copies) {
         // The first tile of rows reads Wo in place and fills the panel.
         const size_t s1 = HWY_MIN(s0 + kChainRows, r1);
         kernel(p, heads, wo_c0, wo_dtype, ldw, bias, y, b, s0, s1, c0, c1, scratch, panel_f32,
                nullptr);
         s0 = s1;
-      } else if (copies) {
-        widen_panel(p, wo_c0, wo.dtype, wo.stride, c1 - c0, panel_f32);
-      }
-      if (copies) {
         wo_c0 = panel_f32;
         wo_dtype = DType::kF32;
         ldw = c1 - c0;

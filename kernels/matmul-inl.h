@@ -136,16 +136,18 @@ HWY_INLINE void MicroTile(D d, size_t K, const float* HWY_RESTRICT a, size_t lda
   static_assert(1 <= kRows && kRows <= 8, "rows");
   static_assert(1 <= kVecs && kVecs <= 6, "vectors");
   static_assert(kVecs <= 4 || kRows <= 2, "more than 4 vectors only for 1 or 2 rows");
-  static_assert(!kPackB || !kLoadsBf16Pairs<TB>, "a packed panel holds B in column order");
   using V = hn::Vec<D>;
   const size_t N = hn::Lanes(d);
   // Unused accumulators (rows >= kRows, vectors >= kVecs) compile away.
   V i0 = hn::Zero(d), i1 = hn::Zero(d), i2 = hn::Zero(d), i3 = hn::Zero(d);
   V i4 = hn::Zero(d), i5 = hn::Zero(d);
-  // bf16 B: vectors (0, 1), (2, 3), (4, 5) as deinterleaved pairs.
-  constexpr bool kPair01 = kLoadsBf16Pairs<TB> && kVecs > 1;
-  constexpr bool kPair23 = kLoadsBf16Pairs<TB> && kVecs > 3;
-  constexpr bool kPair45 = kLoadsBf16Pairs<TB> && kVecs > 5;
+  // bf16 B: vectors (0, 1), (2, 3), (4, 5) as deinterleaved pairs, except
+  // where the tile also packs B (kPackB): a packed panel holds B in column
+  // order, so that tile widens each vector on its own (two ops, not one).
+  constexpr bool kPairs = kLoadsBf16Pairs<TB> && !kPackB;
+  constexpr bool kPair01 = kPairs && kVecs > 1;
+  constexpr bool kPair23 = kPairs && kVecs > 3;
+  constexpr bool kPair45 = kPairs && kVecs > 5;
   if (chain.init != nullptr && kPair01) {
     hn::LoadInterleaved2(d, chain.init + col, i0, i1);
     if constexpr (kVecs == 3) i2 = hn::LoadU(d, chain.init + col + 2 * N);

@@ -165,11 +165,15 @@ inline size_t ChainScratch(const ProjDims& p, DType o, DType y) {
 // f32 O is read in place, 16-bit O widened into scratch (or, o_packed not
 // null, rows [s0, s1) of O come packed by PackRowsOfO, any dtype widened
 // there); a 16-bit Y tile is computed in f32 and rounded once.  pack_into
-// (when not null, o_packed null, and
-// CanPackWhileReading(wo dtype)): Wo's columns [c0, c1) are also copied, as
+// (when not null, o_packed null): Wo's columns [c0, c1) are also copied, as
 // f32 rows of c1 - c0 floats, into that panel by the first row tile, which
-// reads Wo in place; the other row tiles read the panel (MatMulPackingB),
-// and so can the caller's next tiles of rows.
+// reads Wo in place (a bf16 Wo in column order there, not as pairs:
+// MicroTile); the other row tiles read the panel (MatMulPackingB), and so
+// can the caller's next tiles of rows.  (Until the twelfth session a bf16
+// panel was widened in a pass of its own first: a third of an S=20
+// projection's time with Wo in L2, perf on the Sapphire Rapids VM; paired,
+// S=20 one thread 95.7 -> 72.3 us, two 55.4 -> 44.3, Wo from memory 120.4
+// -> 111.6 and 76.2 -> 68.9.)
 template <class TB>
 HWY_INLINE void ChainTileT(const ProjDims& p, const TensorView& heads,
                            const TB* HWY_RESTRICT wo_c0, size_t ldw,
@@ -225,7 +229,7 @@ HWY_INLINE void ChainTileT(const ProjDims& p, const TensorView& heads,
           every_head);
     });
     packed = true;
-  } else if constexpr (!kLoadsBf16Pairs<TB>) {
+  } else {
     if (pack_into != nullptr) {
       KSegments packing = every_head;
       packing.pack = pack_into;
@@ -276,42 +280,9 @@ inline void ChainTile(const ProjDims& p, const TensorView& heads, const void* wo
   });
 }
 
-// Whether ChainTile can copy a Wo of dtype t into its panel as it reads it
-// (pack_into): f32 and f16 rows are loaded in column order; bf16 rows are
-// loaded as deinterleaved column pairs, and are widened by WidenPanel first.
-inline bool CanPackWhileReading(DType t) {
-  return t != DType::kBF16 || !kLoadsBf16Pairs<hwy::bfloat16_t>;
-}
-
 // Floats of one Wo panel widened to f32, [H*L][kWoPanelCols]: the plain
 // call's copy of a panel per work item (dispatch/projection.cc says when).
 inline size_t PanelFloats(const ProjDims& p) { return p.inner() * kWoPanelCols; }
-
-// Every row of Wo's columns [c0, c0 + width) (wo_c0 at column c0 of row 0,
-// dtype t, row stride ldw elements) into dst as f32 rows of `width` floats:
-// one contiguous panel, read by ChainTile with ldw = width.  Rows of Wo in
-// place are D floats apart, so a 6-row tile's 512 loads of B per column
-// block fall into a few L1 sets (2 KiB apart at D = 512) and come from L2;
-// the panel's rows are adjacent.  Widening is exact: the same bits as
-// reading the 16-bit Wo in place.  Used for a bf16 Wo only: f32 and f16
-// panels are filled by ChainTile's first row tile as it reads them
-// (CanPackWhileReading).
-inline void WidenPanel(const ProjDims& p, const void* wo_c0, DType t, size_t ldw, size_t width,
-                       float* HWY_RESTRICT dst) {
-  // Rows 2 KiB apart start no hardware stream: each row is asked for 24 rows
-  // ahead of its copy (8 and 24 measured alike on Zen 1).
-  constexpr size_t kAhead = 24;
-  const char* src = static_cast<const char*>(wo_c0);
-  const size_t rows = p.inner(), bytes = DTypeBytes(t), row_bytes = width * bytes;
-  for (size_t k = 0; k < rows; ++k) {
-    if (k + kAhead < rows) {
-      const char* ahead = src + (k + kAhead) * ldw * bytes;
-      for (size_t i = 0; i < row_bytes; i += 64) hwy::Prefetch(ahead + i);
-      hwy::Prefetch(ahead + row_bytes - 1);
-    }
-    ConvertRow(src + k * ldw * bytes, t, width, dst + k * width, DType::kF32);
-  }
-}
 
 // Rows of O per work item when O is packed (PackRowsOfO): a packed block
 // about the size of the L1 data cache (l1_bytes), in whole row tiles, one
