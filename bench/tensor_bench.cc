@@ -105,7 +105,8 @@ void BM_decode(benchmark::State& state, headsum_dtype kv_t, int64_t H, int64_t H
   headsum_set_num_threads(0);
 }
 
-// Sums `bytes` of memory (as f32, 4 independent chains per thread): the read
+// Sums `bytes` of memory (as f32, each thread one part, with bench/peak.cc's
+// SumFloats: 8 independent vector chains at the best target): the read
 // bandwidth a bandwidth-bound kernel can reach.
 void BM_read_probe(benchmark::State& state, size_t bytes, int threads) {
   // Whole chunks of 128 floats (every target's 8 vectors) per thread.

@@ -229,14 +229,12 @@ HWY_INLINE void ChainTileT(const ProjDims& p, const TensorView& heads,
           every_head);
     });
     packed = true;
-  } else {
-    if (pack_into != nullptr) {
-      KSegments packing = every_head;
-      packing.pack = pack_into;
-      packing.pack_ld = cols;
-      MatMulPackingB<kChainTileRows, kChainTileVecs>(rows, cols, L, o, lda, wo_c0, ldw, store, packing);
-      packed = true;
-    }
+  } else if (pack_into != nullptr) {
+    KSegments packing = every_head;
+    packing.pack = pack_into;
+    packing.pack_ld = cols;
+    MatMulPackingB<kChainTileRows, kChainTileVecs>(rows, cols, L, o, lda, wo_c0, ldw, store, packing);
+    packed = true;
   }
   if (!packed) {
 #if HWY_TARGET != HWY_SCALAR
