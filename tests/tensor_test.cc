@@ -250,6 +250,12 @@ const AttnCase kAttnCases[] = {
     // with an odd key count (512 + 19 keys).
     {1, 4, 1, 1, 531, 128, false},
     {1, 4, 1, 1, 45, 48, false},
+    // MHA decode steps over 16-bit K/V counted as read from memory run on
+    // FlashAttentionRowStream where L is 1-8 vectors: L = 2 and 3 vectors
+    // (AVX-512), 8 and 6 (NEON); key counts off its 16-key tiles.
+    {1, 3, 3, 1, 77, 32, false},
+    {1, 2, 2, 1, 50, 48, false},
+    {1, 2, 2, 1, 41, 24, false},
 };
 
 struct AttnBuffers {
