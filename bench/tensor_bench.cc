@@ -18,6 +18,8 @@
 //   BM_projection_stream/wo:{f32,bf16}/S:{1,20}  the same, each call on
 //       another layer's Wo (a ring beyond the last-level cache): Wo from memory
 // scripts/tensor_table.py prints the ratios the tensor issue asks for.
+// Defaults: --benchmark_repetitions=5 with aggregates only, and
+// --benchmark_enable_random_interleaving=true (see main).
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -366,14 +368,25 @@ void Register() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Medians of 5 repetitions, run in random order across all rows, unless
+  // the command line says otherwise: the ratios pair rows that would
+  // otherwise run minutes apart, and this VM's speed drifts by 10-25% over
+  // minutes (the same token-major call, S=2048 on one thread, took 72.6 ms
+  // in one run and 91.3 ms in the next); interleaved, both rows of a ratio
+  // sample the same drift.
   std::vector<char*> args(argv, argv + argc);
-  bool has_reps = false;
-  for (int i = 1; i < argc; ++i) has_reps |= strncmp(argv[i], "--benchmark_repetitions", 23) == 0;
-  std::string reps = "--benchmark_repetitions=5", agg = "--benchmark_report_aggregates_only=true";
+  bool has_reps = false, has_interleave = false;
+  for (int i = 1; i < argc; ++i) {
+    has_reps |= strncmp(argv[i], "--benchmark_repetitions", 23) == 0;
+    has_interleave |= strncmp(argv[i], "--benchmark_enable_random_interleaving", 38) == 0;
+  }
+  std::string reps = "--benchmark_repetitions=5", agg = "--benchmark_report_aggregates_only=true",
+              interleave = "--benchmark_enable_random_interleaving=true";
   if (!has_reps) {
     args.push_back(reps.data());
     args.push_back(agg.data());
   }
+  if (!has_interleave) args.push_back(interleave.data());
   int n = static_cast<int>(args.size());
   benchmark::Initialize(&n, args.data());
   Register();
