@@ -375,11 +375,14 @@ int main(int argc, char** argv) {
   // in one run and 91.3 ms in the next); interleaved, both rows of a ratio
   // sample the same drift.
   std::vector<char*> args(argv, argv + argc);
-  bool has_reps = false, has_interleave = false;
-  for (int i = 1; i < argc; ++i) {
-    has_reps |= strncmp(argv[i], "--benchmark_repetitions", 23) == 0;
-    has_interleave |= strncmp(argv[i], "--benchmark_enable_random_interleaving", 38) == 0;
-  }
+  const auto given = [&](const char* flag) {
+    for (int i = 1; i < argc; ++i) {
+      if (strncmp(argv[i], flag, strlen(flag)) == 0) return true;
+    }
+    return false;
+  };
+  const bool has_reps = given("--benchmark_repetitions");
+  const bool has_interleave = given("--benchmark_enable_random_interleaving");
   std::string reps = "--benchmark_repetitions=5", agg = "--benchmark_report_aggregates_only=true",
               interleave = "--benchmark_enable_random_interleaving=true";
   if (!has_reps) {
