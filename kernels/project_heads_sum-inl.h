@@ -153,6 +153,114 @@ inline size_t ChainScratch(const ProjDims& p, DType o, DType y) {
          (y == DType::kF32 ? 0 : HWY_MAX(kChainRows * kWoPanelCols, 2 * p.model_dim));
 }
 
+// How far ahead RowSweep prefetches Wo: about 16 KiB of the rows it reads.
+constexpr size_t kSweepAheadBytes = size_t{16} << 10;
+
+// One row of Y (a decode step), columns [0, cols) with cols a multiple of
+// 2N, in Wo's own order: y[c] = init[c] + sum_{s, l} a[s*a_step + l] *
+// b[s*b_step + l*ldb + c], the terms added in the order of s, then l, each
+// element one FMA chain (the bits of MicroTile's, so of every other row
+// count and blocking).  The partial sums live in y (f32, cols floats)
+// between passes; a pass takes kSweepRows rows of Wo across all the
+// columns, so Wo is read in address order, each byte once (MatMul's column
+// tiles sweep all of Wo's rows per 1-2 lines of each, 1-2 KiB apart, which
+// the hardware prefetchers do not follow).  The rows `ahead` rows on are
+// prefetched line by line during a pass (0: none).  bf16 rows are read as
+// pairs (LoadBf16Pair), the sums kept deinterleaved in y until the end.
+// kSweepRows = 1 reads one stream, which the hardware prefetchers follow
+// best, and loads and stores y once per row; 4 rows side by side load and
+// store it a quarter as often but read four streams 1-2 KiB apart.
+// Measured on an AMD EPYC (Zen 3) VM, H*L = D = 512, medians of 5, two
+// rounds (bench/results/2026-12-04-zen3-session15.md): Wo from memory,
+// one thread, bf16 MatMul 50.5-58.7 us, 4 rows 39.0-44.9, 1 row 32.3-35.1;
+// f32 MatMul 74-86, 4 rows 60-68, 1 row 66.9-68.6; Wo in cache, bf16
+// MatMul 12.5-14.6, 4 rows 11.8-12.7, 1 row 17.1 (f32 4 rows 17.7-21.0,
+// 1 row 22.6).  So one row for a 16-bit Wo (half the bytes per FMA: the
+// stream is what bounds it) and four for f32.
+template <size_t kSweepRows, class TB>
+HWY_INLINE void RowSweep(size_t segments, size_t L, const float* HWY_RESTRICT a, size_t a_step,
+                         const TB* HWY_RESTRICT b, size_t ldb, size_t b_step, size_t cols,
+                         const float* HWY_RESTRICT init, size_t ahead, float* HWY_RESTRICT y) {
+  const hn::ScalableTag<float> d;
+  using V = hn::Vec<decltype(d)>;
+  const size_t N = hn::Lanes(d);
+  constexpr bool kPairs = kLoadsBf16Pairs<TB>;
+  const auto load2 = [&](const TB* HWY_RESTRICT p, V& x0, V& x1) {
+    if constexpr (kPairs) {
+      LoadBf16Pair(d, p, x0, x1);
+    } else {
+      x0 = LoadF32(d, p);
+      x1 = LoadF32(d, p + N);
+    }
+  };
+  for (size_t c = 0; c < cols; c += 2 * N) {
+    V y0 = hn::Zero(d), y1 = hn::Zero(d);
+    if (init != nullptr) {
+      if constexpr (kPairs) {
+        hn::LoadInterleaved2(d, init + c, y0, y1);
+      } else {
+        y0 = hn::LoadU(d, init + c);
+        y1 = hn::LoadU(d, init + c + N);
+      }
+    }
+    hn::StoreU(y0, d, y + c);
+    hn::StoreU(y1, d, y + c + N);
+  }
+  const size_t row_bytes = cols * sizeof(TB);
+  const size_t K = segments * L;
+  for (size_t s = 0; s < segments; ++s) {
+    const float* HWY_RESTRICT as = a + s * a_step;
+    const TB* HWY_RESTRICT bs = b + s * b_step;
+    size_t l = 0;
+    for (; l + kSweepRows <= L; l += kSweepRows) {
+      V w[kSweepRows];
+      const TB* HWY_RESTRICT r[kSweepRows];
+      const char* pf[kSweepRows];
+      const size_t k = s * L + l;  // rows are b_step = L * ldb apart across segments
+      const bool prefetching = ahead != 0 && k + ahead + kSweepRows <= K;
+      HWY_UNROLL(8)
+      for (size_t i = 0; i < kSweepRows; ++i) {
+        w[i] = hn::Set(d, as[l + i]);
+        r[i] = bs + (l + i) * ldb;
+        pf[i] = reinterpret_cast<const char*>(r[i] + ahead * ldb);
+        if (prefetching) hwy::Prefetch(pf[i] + row_bytes - 1);
+      }
+      for (size_t c = 0; c < cols; c += 2 * N) {
+        if (prefetching && (c * sizeof(TB)) % 64 == 0) {
+          HWY_UNROLL(8)
+          for (size_t i = 0; i < kSweepRows; ++i) hwy::Prefetch(pf[i] + c * sizeof(TB));
+        }
+        V y0 = hn::LoadU(d, y + c), y1 = hn::LoadU(d, y + c + N);
+        HWY_UNROLL(8)
+        for (size_t i = 0; i < kSweepRows; ++i) {
+          V x0, x1;
+          load2(r[i] + c, x0, x1);
+          y0 = hn::MulAdd(w[i], x0, y0);
+          y1 = hn::MulAdd(w[i], x1, y1);
+        }
+        hn::StoreU(y0, d, y + c);
+        hn::StoreU(y1, d, y + c + N);
+      }
+    }
+    for (; l < L; ++l) {
+      const V w = hn::Set(d, as[l]);
+      const TB* HWY_RESTRICT r = bs + l * ldb;
+      for (size_t c = 0; c < cols; c += 2 * N) {
+        V x0, x1;
+        load2(r + c, x0, x1);
+        hn::StoreU(hn::MulAdd(w, x0, hn::LoadU(d, y + c)), d, y + c);
+        hn::StoreU(hn::MulAdd(w, x1, hn::LoadU(d, y + c + N)), d, y + c + N);
+      }
+    }
+  }
+  if constexpr (kPairs) {
+    for (size_t c = 0; c < cols; c += 2 * N) {
+      const V e = hn::LoadU(d, y + c), o = hn::LoadU(d, y + c + N);
+      hn::StoreInterleaved2(e, o, d, y + c);
+    }
+  }
+}
+
 // Rows [s0, s1) (at most kChainRows) and columns [c0, c1) of Y when every
 // gate is 1 and no per-head output is asked for:
 //   Y[s][c] = bias[c] + sum_h sum_l O_h[s][l] Wo[h*L + l][c]
@@ -249,7 +357,22 @@ HWY_INLINE void ChainTileT(const ProjDims& p, const TensorView& heads,
     // wider column ranges of dispatch/projection.cc).
     every_head.prefetch_ahead = rows <= 2 ? FewRowsPrefetch(ldw * sizeof(TB)) : 0;
     if (rows == 1) {
-      MatMul<1, 6>(rows, cols, L, o, lda, wo_c0, ldw, store, every_head);
+      // RowSweep for the columns in whole pairs of vectors, MatMul the rest.
+      const size_t N2 = 2 * hn::Lanes(hn::ScalableTag<float>());
+      const size_t cs = cols / N2 * N2;
+      if (cs != 0) {
+        const size_t sweep_bytes = cs * sizeof(TB);
+        size_t ahead = kSweepAheadBytes / sweep_bytes;
+        ahead = ahead < 4 ? 4 : (ahead > 64 ? 64 : ahead);
+        RowSweep<sizeof(TB) == 2 ? 1 : 4>(H, L, o, a_step, wo_c0, ldw, every_head.b_step, cs,
+                                          every_head.init, ahead, y_tile);
+      }
+      if (cs < cols) {
+        KSegments rest = every_head;
+        if (rest.init != nullptr) rest.init += cs;
+        const auto shifted = [&](auto d, size_t r, size_t c, auto acc) { store(d, r, cs + c, acc); };
+        MatMul<1, 6>(rows, cols - cs, L, o, lda, wo_c0 + cs, ldw, shifted, rest);
+      }
     } else if (rows == 2) {
       MatMul<2, 4>(rows, cols, L, o, lda, wo_c0, ldw, store, every_head);
     } else
