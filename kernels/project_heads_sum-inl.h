@@ -175,8 +175,10 @@ constexpr size_t kSweepAheadBytes = size_t{16} << 10;
 // one thread, bf16 MatMul 50.5-58.7 us, 4 rows 39.0-44.9, 1 row 32.3-35.1;
 // f32 MatMul 74-86, 4 rows 60-68, 1 row 66.9-68.6; Wo in cache, bf16
 // MatMul 12.5-14.6, 4 rows 11.8-12.7, 1 row 17.1 (f32 4 rows 17.7-21.0,
-// 1 row 22.6).  So one row for a 16-bit Wo (half the bytes per FMA: the
-// stream is what bounds it) and four for f32.
+// 1 row 22.6) (one round each; the kept choice against MatMul, paired:
+// from memory bf16 55 -> 34 us, f32 79-81 -> 60; in cache bf16 13-14 ->
+// 17.5-18.6, f32 20 -> 16).  So one row for a 16-bit Wo (half the bytes
+// per FMA: the stream is what bounds it) and four for f32.
 template <size_t kSweepRows, class TB>
 HWY_INLINE void RowSweep(size_t segments, size_t L, const float* HWY_RESTRICT a, size_t a_step,
                          const TB* HWY_RESTRICT b, size_t ldb, size_t b_step, size_t cols,
