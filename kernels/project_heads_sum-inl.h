@@ -183,6 +183,7 @@ template <size_t kSweepRows, class TB>
 HWY_INLINE void RowSweep(size_t segments, size_t L, const float* HWY_RESTRICT a, size_t a_step,
                          const TB* HWY_RESTRICT b, size_t ldb, size_t b_step, size_t cols,
                          const float* HWY_RESTRICT init, size_t ahead, float* HWY_RESTRICT y) {
+  static_assert(1 <= kSweepRows && kSweepRows <= 4, "one to four rows a pass");
   const hn::ScalableTag<float> d;
   using V = hn::Vec<decltype(d)>;
   const size_t N = hn::Lanes(d);
@@ -215,14 +216,18 @@ HWY_INLINE void RowSweep(size_t segments, size_t L, const float* HWY_RESTRICT a,
     const TB* HWY_RESTRICT bs = b + s * b_step;
     size_t l = 0;
     for (; l + kSweepRows <= L; l += kSweepRows) {
-      V w[kSweepRows];
+      // The rows' weights in named registers (SVE vectors cannot be array
+      // elements); rows past kSweepRows compile away.
+      const V w0 = hn::Set(d, as[l]);
+      const V w1 = hn::Set(d, as[l + (kSweepRows > 1 ? 1 : 0)]);
+      const V w2 = hn::Set(d, as[l + (kSweepRows > 2 ? 2 : 0)]);
+      const V w3 = hn::Set(d, as[l + (kSweepRows > 3 ? 3 : 0)]);
       const TB* HWY_RESTRICT r[kSweepRows];
       const char* pf[kSweepRows];
       const size_t k = s * L + l;  // rows are b_step = L * ldb apart across segments
       const bool prefetching = ahead != 0 && k + ahead + kSweepRows <= K;
       HWY_UNROLL(8)
       for (size_t i = 0; i < kSweepRows; ++i) {
-        w[i] = hn::Set(d, as[l + i]);
         r[i] = bs + (l + i) * ldb;
         pf[i] = reinterpret_cast<const char*>(r[i] + ahead * ldb);
         if (prefetching) hwy::Prefetch(pf[i] + row_bytes - 1);
@@ -233,13 +238,16 @@ HWY_INLINE void RowSweep(size_t segments, size_t L, const float* HWY_RESTRICT a,
           for (size_t i = 0; i < kSweepRows; ++i) hwy::Prefetch(pf[i] + c * sizeof(TB));
         }
         V y0 = hn::LoadU(d, y + c), y1 = hn::LoadU(d, y + c + N);
-        HWY_UNROLL(8)
-        for (size_t i = 0; i < kSweepRows; ++i) {
+        const auto add = [&](const TB* HWY_RESTRICT row, V wi, V& acc0, V& acc1) {
           V x0, x1;
-          load2(r[i] + c, x0, x1);
-          y0 = hn::MulAdd(w[i], x0, y0);
-          y1 = hn::MulAdd(w[i], x1, y1);
-        }
+          load2(row + c, x0, x1);
+          acc0 = hn::MulAdd(wi, x0, acc0);
+          acc1 = hn::MulAdd(wi, x1, acc1);
+        };
+        add(r[0], w0, y0, y1);
+        if constexpr (kSweepRows > 1) add(r[1], w1, y0, y1);
+        if constexpr (kSweepRows > 2) add(r[2], w2, y0, y1);
+        if constexpr (kSweepRows > 3) add(r[3], w3, y0, y1);
         hn::StoreU(y0, d, y + c);
         hn::StoreU(y1, d, y + c + N);
       }
