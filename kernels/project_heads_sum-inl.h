@@ -15,6 +15,7 @@
 #include <stddef.h>
 
 #include <cmath>
+#include <cstdint>
 
 #include "kernels/convert-inl.h"
 #include "kernels/matmul-inl.h"
@@ -178,7 +179,8 @@ constexpr size_t kSweepAheadBytes = size_t{16} << 10;
 // 1 row 22.6) (one round each; the kept choice against MatMul, paired:
 // from memory bf16 55 -> 34 us, f32 79-81 -> 60; in cache bf16 13-14 ->
 // 17.5-18.6, f32 20 -> 16).  So one row for a 16-bit Wo (half the bytes
-// per FMA: the stream is what bounds it) and four for f32.
+// per FMA: the stream is what bounds it) and four for f32.  (A 16-bit Wo
+// whose rows a thread reads whole goes to BlockSweep below instead.)
 template <size_t kSweepRows, class TB>
 HWY_INLINE void RowSweep(size_t segments, size_t L, const float* HWY_RESTRICT a, size_t a_step,
                          const TB* HWY_RESTRICT b, size_t ldb, size_t b_step, size_t cols,
@@ -262,6 +264,164 @@ HWY_INLINE void RowSweep(size_t segments, size_t L, const float* HWY_RESTRICT a,
         hn::StoreU(hn::MulAdd(w, x1, hn::LoadU(d, y + c + N)), d, y + c + N);
       }
     }
+  }
+  if constexpr (kPairs) {
+    for (size_t c = 0; c < cols; c += 2 * N) {
+      const V e = hn::LoadU(d, y + c), o = hn::LoadU(d, y + c + N);
+      hn::StoreInterleaved2(e, o, d, y + c);
+    }
+  }
+}
+
+// BlockSweep: RowSweep's job with the partial sums in registers across a
+// block of kBlockRows rows of Wo: for each block, each chunk of kChunkPairs
+// pairs of vectors of columns is loaded from y, takes the block's rows in
+// order, and is stored back (y's loads and stores a kBlockRows-th of
+// RowSweep's one row a pass).  The same sums in the same order as RowSweep
+// and MicroTile (one FMA chain per element over s, then l).  The block's
+// rows are read side by side, a chunk of each at a time, which the
+// hardware prefetchers do not follow, so the rows `ahead` rows on are
+// prefetched in address order, line after line, a share before each chunk.
+// The order is what matters: in a model of the loop in intrinsics (bf16,
+// H*L = D = 512, one thread, AMD EPYC Zen 3 VM, medians of 7-9), Wo from
+// memory, 8-row blocks: no prefetch 45-49 us, the chunk's own columns of
+// the rows ahead (each row's piece in turn) 43-48, address order 27-33; one
+// row a pass (RowSweep) 32-39, MatMul's column tiles 52-57.  In the kernel,
+// paired with RowSweep (two rounds of medians of 5), one thread: bf16 from
+// memory 33.0-34.3 -> 29.3-31.1 us, f16 32.1-33.5 -> 29.8-31.7; Wo in cache
+// bf16 16.4-18.9 -> 14.2-16.5, f16 16.6-17.3 -> 15.0-15.7.  Blocks of 4 or
+// 16 rows, 2 pairs a chunk, 8 or 32 KiB ahead: no better.  On two threads
+// (each sweeping half of every row) it was slower from memory (bf16
+// 28.1-28.9 -> 27.8-31.1, f16 27.6-29.4 -> 29.3-31.0), so ChainTileT takes
+// it for whole rows only; f32 stays with RowSweep's four rows a pass (a
+// 1 MiB Wo "in cache" is in the L3 here, where one stream reads fastest:
+// 16.8-17.8 us against 23-25 for 8-row blocks).
+template <size_t kBlockRows, size_t kChunkPairs, class TB>
+HWY_INLINE void BlockSweep(size_t segments, size_t L, const float* HWY_RESTRICT a, size_t a_step,
+                           const TB* HWY_RESTRICT b, size_t ldb, size_t b_step, size_t cols,
+                           const float* HWY_RESTRICT init, size_t ahead, float* HWY_RESTRICT y) {
+  static_assert(1 <= kChunkPairs && kChunkPairs <= 3, "one to three pairs a chunk");
+  const hn::ScalableTag<float> d;
+  using V = hn::Vec<decltype(d)>;
+  const size_t N = hn::Lanes(d);
+  constexpr bool kPairs = kLoadsBf16Pairs<TB>;
+  const auto load2 = [&](const TB* HWY_RESTRICT p, V& x0, V& x1) {
+    if constexpr (kPairs) {
+      LoadBf16Pair(d, p, x0, x1);
+    } else {
+      x0 = LoadF32(d, p);
+      x1 = LoadF32(d, p + N);
+    }
+  };
+  for (size_t c = 0; c < cols; c += 2 * N) {
+    V y0 = hn::Zero(d), y1 = hn::Zero(d);
+    if (init != nullptr) {
+      if constexpr (kPairs) {
+        hn::LoadInterleaved2(d, init + c, y0, y1);
+      } else {
+        y0 = hn::LoadU(d, init + c);
+        y1 = hn::LoadU(d, init + c + N);
+      }
+    }
+    hn::StoreU(y0, d, y + c);
+    hn::StoreU(y1, d, y + c + N);
+  }
+  const size_t row_bytes = cols * sizeof(TB);
+  const size_t chunk = 2 * N * kChunkPairs;
+  const size_t chunks = cols / chunk + (cols % chunk) / (2 * N);
+  const size_t K = segments * L;
+  const auto row_at = [&](size_t k) {
+    return reinterpret_cast<const char*>(b + (k / L) * b_step + (k % L) * ldb);
+  };
+  // Lines of a row's columns to prefetch: from its first line to its end.
+  const size_t row_lines = (row_bytes + 63) / 64 + 1;
+  for (size_t k0 = 0; k0 < K;) {
+    const size_t s = k0 / L, l0 = k0 % L;
+    const size_t rows = HWY_MIN(kBlockRows, L - l0);  // a block stays within a segment
+    const float* HWY_RESTRICT as = a + s * a_step + l0;
+    const TB* HWY_RESTRICT bs = b + s * b_step + l0 * ldb;
+    // The prefetch cursor: the lines of rows [k0 + ahead, k0 + ahead +
+    // rows), in address order, a share of them before each chunk.
+    const size_t pf_first = k0 + ahead;
+    const size_t pf_rows = ahead == 0 || pf_first >= K ? 0 : HWY_MIN(rows, K - pf_first);
+    const size_t per_chunk = (pf_rows * row_lines + chunks - 1) / chunks;
+    size_t pf_row = 0;
+    const char* pf_ptr = nullptr;
+    const char* pf_end = nullptr;
+    if (pf_rows != 0) {
+      pf_end = row_at(pf_first);
+      pf_ptr = reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(pf_end) & ~uintptr_t{63});
+      pf_end += row_bytes;
+    }
+    const auto prefetch_some = [&]() {
+      for (size_t i = 0; i < per_chunk; ++i) {
+        if (pf_ptr >= pf_end) {
+          if (++pf_row >= pf_rows) break;
+          pf_end = row_at(pf_first + pf_row);
+          pf_ptr = reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(pf_end) & ~uintptr_t{63});
+          pf_end += row_bytes;
+        }
+        hwy::Prefetch(pf_ptr);
+        pf_ptr += 64;
+      }
+    };
+    size_t c = 0;
+    for (; c + chunk <= cols; c += chunk) {
+      prefetch_some();
+      V y0 = hn::LoadU(d, y + c), y1 = hn::LoadU(d, y + c + N);
+      V y2 = y0, y3 = y1, y4 = y0, y5 = y1;
+      if constexpr (kChunkPairs > 1) {
+        y2 = hn::LoadU(d, y + c + 2 * N);
+        y3 = hn::LoadU(d, y + c + 3 * N);
+      }
+      if constexpr (kChunkPairs > 2) {
+        y4 = hn::LoadU(d, y + c + 4 * N);
+        y5 = hn::LoadU(d, y + c + 5 * N);
+      }
+      const TB* HWY_RESTRICT r = bs + c;
+      for (size_t i = 0; i < rows; ++i, r += ldb) {
+        const V w = hn::Set(d, as[i]);
+        V x0, x1;
+        load2(r, x0, x1);
+        y0 = hn::MulAdd(w, x0, y0);
+        y1 = hn::MulAdd(w, x1, y1);
+        if constexpr (kChunkPairs > 1) {
+          load2(r + 2 * N, x0, x1);
+          y2 = hn::MulAdd(w, x0, y2);
+          y3 = hn::MulAdd(w, x1, y3);
+        }
+        if constexpr (kChunkPairs > 2) {
+          load2(r + 4 * N, x0, x1);
+          y4 = hn::MulAdd(w, x0, y4);
+          y5 = hn::MulAdd(w, x1, y5);
+        }
+      }
+      hn::StoreU(y0, d, y + c);
+      hn::StoreU(y1, d, y + c + N);
+      if constexpr (kChunkPairs > 1) {
+        hn::StoreU(y2, d, y + c + 2 * N);
+        hn::StoreU(y3, d, y + c + 3 * N);
+      }
+      if constexpr (kChunkPairs > 2) {
+        hn::StoreU(y4, d, y + c + 4 * N);
+        hn::StoreU(y5, d, y + c + 5 * N);
+      }
+    }
+    for (; c < cols; c += 2 * N) {
+      prefetch_some();
+      V y0 = hn::LoadU(d, y + c), y1 = hn::LoadU(d, y + c + N);
+      const TB* HWY_RESTRICT r = bs + c;
+      for (size_t i = 0; i < rows; ++i, r += ldb) {
+        const V w = hn::Set(d, as[i]);
+        V x0, x1;
+        load2(r, x0, x1);
+        y0 = hn::MulAdd(w, x0, y0);
+        y1 = hn::MulAdd(w, x1, y1);
+      }
+      hn::StoreU(y0, d, y + c);
+      hn::StoreU(y1, d, y + c + N);
+    }
+    k0 += rows;
   }
   if constexpr (kPairs) {
     for (size_t c = 0; c < cols; c += 2 * N) {
@@ -367,15 +527,23 @@ HWY_INLINE void ChainTileT(const ProjDims& p, const TensorView& heads,
     // wider column ranges of dispatch/projection.cc).
     every_head.prefetch_ahead = rows <= 2 ? FewRowsPrefetch(ldw * sizeof(TB)) : 0;
     if (rows == 1) {
-      // RowSweep for the columns in whole pairs of vectors, MatMul the rest.
+      // A sweep for the columns in whole pairs of vectors, MatMul the rest.
       const size_t N2 = 2 * hn::Lanes(hn::ScalableTag<float>());
       const size_t cs = cols / N2 * N2;
       if (cs != 0) {
         const size_t sweep_bytes = cs * sizeof(TB);
         size_t ahead = kSweepAheadBytes / sweep_bytes;
         ahead = ahead < 4 ? 4 : (ahead > 64 ? 64 : ahead);
-        RowSweep<sizeof(TB) == 2 ? 1 : 4>(H, L, o, a_step, wo_c0, ldw, every_head.b_step, cs,
-                                          every_head.init, ahead, y_tile);
+        if (sizeof(TB) == 2 && (cols == p.model_dim || ldw == cols)) {
+          // Whole rows of Wo (one thread, or a packed panel: each row's
+          // columns in one piece): blocks of 8 rows, prefetched in address
+          // order.  A part of each row (more threads): a row a pass.
+          BlockSweep<8, 3>(H, L, o, a_step, wo_c0, ldw, every_head.b_step, cs, every_head.init,
+                           HWY_MAX(ahead, size_t{8}), y_tile);
+        } else {
+          RowSweep<sizeof(TB) == 2 ? 1 : 4>(H, L, o, a_step, wo_c0, ldw, every_head.b_step, cs,
+                                            every_head.init, ahead, y_tile);
+        }
       }
       if (cs < cols) {
         KSegments rest = every_head;

@@ -732,6 +732,72 @@ TEST_P(TensorProjection, DeterministicAcrossThreadCounts) {
   }
 }
 
+// A decode step (one row, S = 1) is the same arithmetic as that row among
+// many: its own kernels (one-row sweeps of Wo: whole rows in blocks on one
+// thread, a row a pass per thread's columns on more) must give the bits of
+// the many-row tiles, for every dtype, thread count, padded Wo and packed Wo.
+TEST_P(TensorProjection, OneRowIsThatRowOfAManyRowCall) {
+  // Whole 16-bit rows in blocks of 8 with tail chunks (D = 512 on 8 or 16
+  // lanes), rows per head off the block (L = 17, 5), columns past the last
+  // pair of vectors (D = 113, 65, 49), wide D.
+  const ProjCase cases[] = {{2, 5, 8, 64, 512}, {1, 4, 3, 17, 113}, {1, 3, 2, 5, 65},
+                            {1, 3, 4, 24, 49}, {1, 3, 2, 16, 2000}};
+  uint64_t seed = 700;
+  for (const ProjCase& c : cases) {
+    const headsum_proj_shape shape = {c.b, c.s, c.h, c.l, c.d};
+    const headsum_proj_shape one = {c.b, 1, c.h, c.l, c.d};
+    const std::vector<float> o0 = RandomUniform(size_t(c.b * c.h * c.s * c.l), -1, 1, ++seed);
+    const std::vector<float> wo0 = RandomUniform(size_t(c.h * c.l * c.d), -0.5f, 0.5f, ++seed);
+    const std::vector<float> bias = RandomUniform(size_t(c.d), -1, 1, ++seed);
+    for (const ProjCombo& t : kProjCombos) {
+      const std::vector<float> o = RoundedTo(o0, t.o), wo = RoundedTo(wo0, t.wo);
+      for (bool strided : {false, true}) {
+        SCOPED_TRACE(std::string(strided ? "strided" : "contiguous") + " O " + DtypeName(t.o) +
+                     " Wo " + DtypeName(t.wo) + " Y " + DtypeName(t.y) + " S" +
+                     std::to_string(c.s) + " H" + std::to_string(c.h) + " L" +
+                     std::to_string(c.l) + " D" + std::to_string(c.d));
+        ASSERT_EQ(headsum_set_num_threads(1), HEADSUM_OK);
+        ProjBuffers all = MakeProjBuffers(c, t, strided, o, wo);
+        headsum_tensor to = all.o.tensor(), tw = all.wo.tensor(), ty = all.y.tensor();
+        ASSERT_EQ(headsum_project_heads_sum_tensors(&shape, &to, &tw, bias.data(), &ty),
+                  HEADSUM_OK) << headsum_last_error();
+        const std::vector<float> y_all = all.y.Read();  // [b][s][d]
+        headsum_wo_packed* packed = nullptr;
+        ASSERT_EQ(headsum_wo_pack_tensor(&shape, &tw, &packed), HEADSUM_OK)
+            << headsum_last_error();
+        for (int64_t s = 0; s < c.s; ++s) {
+          std::vector<float> o_row(size_t(c.b * c.h * c.l));  // [b][h][0][l]
+          for (int64_t bh = 0; bh < c.b * c.h; ++bh) {
+            for (int64_t l = 0; l < c.l; ++l) o_row[bh * c.l + l] = o[(bh * c.s + s) * c.l + l];
+          }
+          for (int threads : {1, 2, 3}) {
+            for (bool use_packed : {false, true}) {
+              ASSERT_EQ(headsum_set_num_threads(threads), HEADSUM_OK);
+              ProjBuffers p = MakeProjBuffers({c.b, 1, c.h, c.l, c.d}, t, strided, o_row, wo);
+              headsum_tensor o1 = p.o.tensor(), w1 = p.wo.tensor(), y1 = p.y.tensor();
+              ASSERT_EQ(use_packed ? headsum_project_heads_sum_packed_tensors(
+                                         &one, &o1, packed, bias.data(), &y1)
+                                   : headsum_project_heads_sum_tensors(&one, &o1, &w1,
+                                                                       bias.data(), &y1),
+                        HEADSUM_OK) << headsum_last_error();
+              const std::vector<float> y_row = p.y.Read();  // [b][0][d]
+              size_t differ = 0;
+              for (int64_t b = 0; b < c.b; ++b) {
+                differ += memcmp(&y_row[b * c.d], &y_all[(b * c.s + s) * c.d],
+                                 size_t(c.d) * sizeof(float)) != 0;
+              }
+              EXPECT_EQ(differ, 0u) << "row " << s << " alone, " << threads << " threads, "
+                                    << (use_packed ? "packed" : "plain") << " Wo";
+            }
+          }
+        }
+        headsum_wo_free(packed);
+      }
+    }
+  }
+  headsum_set_num_threads(0);
+}
+
 HEADSUM_INSTANTIATE_FOR_COMPILED_TARGETS(TensorProjection);
 
 // ---------------------------------------------------------------------------
