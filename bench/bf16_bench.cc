@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/flags.h"
 #include "bench/peak_bf16.h"
 #include "headsum/headsum.h"
 #include "kernels/native/native.h"
@@ -192,11 +193,8 @@ class TableReporter : public benchmark::ConsoleReporter {
 int main(int argc, char** argv) {
   using namespace headsum::bench;
   std::vector<char*> args(argv, argv + argc);
-  bool has_reps = false, has_min = false;
-  for (int i = 1; i < argc; ++i) {
-    has_reps |= std::strncmp(argv[i], "--benchmark_repetitions", 23) == 0;
-    has_min |= std::strncmp(argv[i], "--benchmark_min_time", 20) == 0;
-  }
+  const bool has_reps = HasFlag(argc, argv, "--benchmark_repetitions");
+  const bool has_min = HasFlag(argc, argv, "--benchmark_min_time");
   static char reps[] = "--benchmark_repetitions=5", aggr[] = "--benchmark_report_aggregates_only=true",
               mint[] = "--benchmark_min_time=0.2";
   if (!has_reps) {

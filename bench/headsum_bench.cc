@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "bench/bench_shapes.h"
+#include "bench/flags.h"
 #include "bench/peak.h"
 #include "headsum/headsum.h"
 #include "kernels/shapes.h"
@@ -684,14 +685,6 @@ void AddContext(const Peak& peak) {
     }
   }
 #endif
-}
-
-bool HasFlag(int argc, char** argv, const char* flag) {
-  const size_t len = std::strlen(flag);
-  for (int i = 1; i < argc; ++i) {
-    if (std::strncmp(argv[i], flag, len) == 0) return true;
-  }
-  return false;
 }
 
 }  // namespace

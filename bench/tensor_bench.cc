@@ -19,13 +19,15 @@
 //       another layer's Wo (a ring beyond the last-level cache): Wo from memory
 // scripts/tensor_table.py prints the ratios the tensor issue asks for.
 // Defaults: --benchmark_repetitions=5 with aggregates only, and
-// --benchmark_enable_random_interleaving=true (see main).
+// --benchmark_enable_random_interleaving=true (see main).  --offset=N starts
+// every buffer N bytes past a 64-byte boundary (16: where std::vector's are).
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -34,6 +36,7 @@
 
 #include <unistd.h>
 
+#include "bench/flags.h"
 #include "bench/peak.h"
 #include "headsum/headsum.h"
 
@@ -46,33 +49,41 @@
 
 namespace {
 
-// A 64-byte aligned buffer of n elements of 2 or 4 bytes, random values.
+// Bytes past a 64-byte boundary at which every buffer starts (--offset=N, a
+// multiple of 4 below 64; default 0): std::vector's and malloc's buffers are
+// 16 bytes past one, and a speed counts only if it holds there too.
+size_t g_offset = 0;
+
+// A buffer of n elements of 2 or 4 bytes, random values, starting g_offset
+// bytes past a 64-byte boundary.
 struct Buffer {
   std::unique_ptr<char, void (*)(void*)> data{nullptr, std::free};
   size_t bytes = 0;
+  char* start = nullptr;
   Buffer() = default;
   Buffer(size_t n, headsum_dtype t, uint32_t seed) {
     const size_t eb = t == HEADSUM_F32 ? 4 : 2;
     bytes = n * eb;
-    data.reset(static_cast<char*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64)));
+    data.reset(static_cast<char*>(std::aligned_alloc(64, (bytes + g_offset + 63) / 64 * 64)));
     if (!data) throw std::bad_alloc();
+    start = data.get() + g_offset;
     uint32_t s = seed * 2654435761u + 1;
     for (size_t i = 0; i < n; ++i) {
       s = s * 1664525u + 1013904223u;
       const float f = (static_cast<float>(s >> 8) * (1.0f / 16777216.0f) - 0.5f) * 2.0f;
       if (eb == 4) {
-        memcpy(data.get() + 4 * i, &f, 4);
+        memcpy(start + 4 * i, &f, 4);
       } else {
         uint32_t bits;
         memcpy(&bits, &f, 4);
         // bf16 truncation or an f16 in [-1, 1]: any finite pattern will do here
         uint16_t h = t == HEADSUM_BF16 ? static_cast<uint16_t>(bits >> 16)
                                        : static_cast<uint16_t>(((s >> 8) & 0x3BFF) | ((s & 1) << 15));
-        memcpy(data.get() + 2 * i, &h, 2);
+        memcpy(start + 2 * i, &h, 2);
       }
     }
   }
-  void* get() const { return data.get(); }
+  void* get() const { return start; }
 };
 
 headsum_dtype DtypeArg(int64_t v) { return static_cast<headsum_dtype>(v); }
@@ -374,15 +385,25 @@ int main(int argc, char** argv) {
   // minutes (the same token-major call, S=2048 on one thread, took 72.6 ms
   // in one run and 91.3 ms in the next); interleaved, both rows of a ratio
   // sample the same drift.
-  std::vector<char*> args(argv, argv + argc);
-  const auto given = [&](const char* flag) {
-    for (int i = 1; i < argc; ++i) {
-      if (strncmp(argv[i], flag, strlen(flag)) == 0) return true;
+  std::vector<char*> args;
+  for (int i = 0; i < argc; ++i) {
+    constexpr const char kOffset[] = "--offset=";
+    if (i > 0 && strncmp(argv[i], kOffset, strlen(kOffset)) == 0) {
+      char* end = nullptr;
+      const long v = strtol(argv[i] + strlen(kOffset), &end, 10);
+      if (end == argv[i] + strlen(kOffset) || *end != '\0' || v < 0 || v >= 64 || v % 4 != 0) {
+        fprintf(stderr, "tensor_bench: --offset must be a multiple of 4 in [0, 60], got '%s'\n",
+                argv[i] + strlen(kOffset));
+        return 2;
+      }
+      g_offset = static_cast<size_t>(v);
+      continue;
     }
-    return false;
-  };
-  const bool has_reps = given("--benchmark_repetitions");
-  const bool has_interleave = given("--benchmark_enable_random_interleaving");
+    args.push_back(argv[i]);
+  }
+  using headsum::bench::HasFlag;
+  const bool has_reps = HasFlag(argc, argv, "--benchmark_repetitions");
+  const bool has_interleave = HasFlag(argc, argv, "--benchmark_enable_random_interleaving");
   std::string reps = "--benchmark_repetitions=5", agg = "--benchmark_report_aggregates_only=true",
               interleave = "--benchmark_enable_random_interleaving=true";
   if (!has_reps) {
@@ -392,6 +413,7 @@ int main(int argc, char** argv) {
   if (!has_interleave) args.push_back(interleave.data());
   int n = static_cast<int>(args.size());
   benchmark::Initialize(&n, args.data());
+  benchmark::AddCustomContext("buffer_offset", std::to_string(g_offset));
   Register();
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

@@ -151,7 +151,8 @@ inline size_t FewRowsPrefetch(size_t row_bytes) {
 // rows of one panel, or one or two rows of up to all D columns).
 inline size_t ChainScratch(const ProjDims& p, DType o, DType y) {
   return (o == DType::kF32 ? 0 : p.heads * kChainRows * p.head_dim) +
-         (y == DType::kF32 ? 0 : HWY_MAX(kChainRows * kWoPanelCols, 2 * p.model_dim));
+         (y == DType::kF32 ? 0 : HWY_MAX(kChainRows * kWoPanelCols, 2 * p.model_dim)) +
+         p.model_dim + 16;  // a one-row sweep's partial sums, on a 64-byte boundary
 }
 
 // How far ahead RowSweep prefetches Wo: about 16 KiB of the rows it reads.
@@ -161,8 +162,9 @@ constexpr size_t kSweepAheadBytes = size_t{16} << 10;
 // 2N, in Wo's own order: y[c] = init[c] + sum_{s, l} a[s*a_step + l] *
 // b[s*b_step + l*ldb + c], the terms added in the order of s, then l, each
 // element one FMA chain (the bits of MicroTile's, so of every other row
-// count and blocking).  The partial sums live in y (f32, cols floats)
-// between passes; a pass takes kSweepRows rows of Wo across all the
+// count and blocking).  The partial sums live in y (f32, cols floats, the
+// caller's scratch on a 64-byte boundary) between passes, and go to out
+// (Y's row, anywhere) at the end; a pass takes kSweepRows rows of Wo across all the
 // columns, so Wo is read in address order, each byte once (MatMul's column
 // tiles sweep all of Wo's rows per 1-2 lines of each, 1-2 KiB apart, which
 // the hardware prefetchers do not follow).  The rows `ahead` rows on are
@@ -184,7 +186,8 @@ constexpr size_t kSweepAheadBytes = size_t{16} << 10;
 template <size_t kSweepRows, class TB>
 HWY_INLINE void RowSweep(size_t segments, size_t L, const float* HWY_RESTRICT a, size_t a_step,
                          const TB* HWY_RESTRICT b, size_t ldb, size_t b_step, size_t cols,
-                         const float* HWY_RESTRICT init, size_t ahead, float* HWY_RESTRICT y) {
+                         const float* HWY_RESTRICT init, size_t ahead, float* HWY_RESTRICT y,
+                         float* HWY_RESTRICT out) {
   static_assert(1 <= kSweepRows && kSweepRows <= 4, "one to four rows a pass");
   const hn::ScalableTag<float> d;
   using V = hn::Vec<decltype(d)>;
@@ -265,10 +268,13 @@ HWY_INLINE void RowSweep(size_t segments, size_t L, const float* HWY_RESTRICT a,
       }
     }
   }
-  if constexpr (kPairs) {
-    for (size_t c = 0; c < cols; c += 2 * N) {
-      const V e = hn::LoadU(d, y + c), o = hn::LoadU(d, y + c + N);
-      hn::StoreInterleaved2(e, o, d, y + c);
+  for (size_t c = 0; c < cols; c += 2 * N) {
+    const V e = hn::LoadU(d, y + c), o = hn::LoadU(d, y + c + N);
+    if constexpr (kPairs) {
+      hn::StoreInterleaved2(e, o, d, out + c);
+    } else {
+      hn::StoreU(e, d, out + c);
+      hn::StoreU(o, d, out + c + N);
     }
   }
 }
@@ -299,7 +305,8 @@ HWY_INLINE void RowSweep(size_t segments, size_t L, const float* HWY_RESTRICT a,
 template <size_t kBlockRows, size_t kChunkPairs, class TB>
 HWY_INLINE void BlockSweep(size_t segments, size_t L, const float* HWY_RESTRICT a, size_t a_step,
                            const TB* HWY_RESTRICT b, size_t ldb, size_t b_step, size_t cols,
-                           const float* HWY_RESTRICT init, size_t ahead, float* HWY_RESTRICT y) {
+                           const float* HWY_RESTRICT init, size_t ahead, float* HWY_RESTRICT y,
+                           float* HWY_RESTRICT out) {
   static_assert(1 <= kChunkPairs && kChunkPairs <= 3, "one to three pairs a chunk");
   const hn::ScalableTag<float> d;
   using V = hn::Vec<decltype(d)>;
@@ -423,10 +430,13 @@ HWY_INLINE void BlockSweep(size_t segments, size_t L, const float* HWY_RESTRICT 
     }
     k0 += rows;
   }
-  if constexpr (kPairs) {
-    for (size_t c = 0; c < cols; c += 2 * N) {
-      const V e = hn::LoadU(d, y + c), o = hn::LoadU(d, y + c + N);
-      hn::StoreInterleaved2(e, o, d, y + c);
+  for (size_t c = 0; c < cols; c += 2 * N) {
+    const V e = hn::LoadU(d, y + c), o = hn::LoadU(d, y + c + N);
+    if constexpr (kPairs) {
+      hn::StoreInterleaved2(e, o, d, out + c);
+    } else {
+      hn::StoreU(e, d, out + c);
+      hn::StoreU(o, d, out + c + N);
     }
   }
 }
@@ -485,7 +495,9 @@ HWY_INLINE void ChainTileT(const ProjDims& p, const TensorView& heads,
   } else {
     y_tile = scratch;
     ldy = cols;
+    scratch += HWY_MAX(kChainRows * kWoPanelCols, 2 * p.model_dim);
   }
+  // scratch now: model_dim + 16 floats for a one-row sweep's partial sums.
   KSegments every_head;
   every_head.segments = H;
   every_head.a_step = a_step;
@@ -534,15 +546,21 @@ HWY_INLINE void ChainTileT(const ProjDims& p, const TensorView& heads,
         const size_t sweep_bytes = cs * sizeof(TB);
         size_t ahead = kSweepAheadBytes / sweep_bytes;
         ahead = ahead < 4 ? 4 : (ahead > 64 ? 64 : ahead);
+        // The partial sums in scratch on a 64-byte boundary, Y's row written
+        // once at the end: Y's own row may start anywhere (16 bytes past a
+        // boundary, a row a pass loads and stores lines split in two: two
+        // threads, Wo in cache, bf16 13-14 us -> 26-32 on the Zen 3 VM).
+        float* HWY_RESTRICT acc = reinterpret_cast<float*>(
+            (reinterpret_cast<uintptr_t>(scratch) + 63) & ~uintptr_t{63});
         if (sizeof(TB) == 2 && (cols == p.model_dim || ldw == cols)) {
           // Whole rows of Wo (one thread, or a packed panel: each row's
           // columns in one piece): blocks of 8 rows, prefetched in address
           // order.  A part of each row (more threads): a row a pass.
           BlockSweep<8, 3>(H, L, o, a_step, wo_c0, ldw, every_head.b_step, cs, every_head.init,
-                           HWY_MAX(ahead, size_t{8}), y_tile);
+                           HWY_MAX(ahead, size_t{8}), acc, y_tile);
         } else {
           RowSweep<sizeof(TB) == 2 ? 1 : 4>(H, L, o, a_step, wo_c0, ldw, every_head.b_step, cs,
-                                            every_head.init, ahead, y_tile);
+                                            every_head.init, ahead, acc, y_tile);
         }
       }
       if (cs < cols) {

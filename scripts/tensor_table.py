@@ -58,7 +58,8 @@ def main():
     print(f"times: {CLOCK} (--clock cpu: the main thread's CPU time, for 1-thread rows "
           f"on a loaded machine)")
     print(f"host {ctx.get('host_name', '?')}, {ctx.get('num_cpus', '?')} cpus, "
-          f"{ctx.get('date', '')}")
+          f"{ctx.get('date', '')}; buffers {ctx.get('buffer_offset', '0')} bytes past a "
+          f"64-byte boundary")
     for th in (1, 2):
         s = f"/threads:{th}"
         print(f"\n## {th} thread{'s' if th > 1 else ''}\n")
