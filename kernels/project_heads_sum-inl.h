@@ -158,6 +158,55 @@ inline size_t ChainScratch(const ProjDims& p, DType o, DType y) {
 // How far ahead RowSweep prefetches Wo: about 16 KiB of the rows it reads.
 constexpr size_t kSweepAheadBytes = size_t{16} << 10;
 
+// The sweeps' (RowSweep, BlockSweep) shared steps.  Two vectors of a Wo
+// row at p: a bf16 pair's even and odd elements (kLoadsBf16Pairs), else
+// two consecutive vectors widened.
+template <class D, class TB>
+HWY_INLINE void SweepLoad2(D d, const TB* HWY_RESTRICT p, hn::Vec<D>& x0, hn::Vec<D>& x1) {
+  if constexpr (kLoadsBf16Pairs<TB>) {
+    LoadBf16Pair(d, p, x0, x1);
+  } else {
+    x0 = LoadF32(d, p);
+    x1 = LoadF32(d, p + hn::Lanes(d));
+  }
+}
+
+// The partial sums y[0, cols) start at init (or 0), deinterleaved in pairs
+// of vectors (even, odd elements) when kPairs.
+template <bool kPairs, class D>
+HWY_INLINE void SweepStart(D d, const float* HWY_RESTRICT init, size_t cols,
+                           float* HWY_RESTRICT y) {
+  const size_t N = hn::Lanes(d);
+  for (size_t c = 0; c < cols; c += 2 * N) {
+    hn::Vec<D> y0 = hn::Zero(d), y1 = hn::Zero(d);
+    if (init != nullptr) {
+      if constexpr (kPairs) {
+        hn::LoadInterleaved2(d, init + c, y0, y1);
+      } else {
+        y0 = hn::LoadU(d, init + c);
+        y1 = hn::LoadU(d, init + c + N);
+      }
+    }
+    hn::StoreU(y0, d, y + c);
+    hn::StoreU(y1, d, y + c + N);
+  }
+}
+
+// The finished sums to out (Y's row), re-interleaved when kPairs.
+template <bool kPairs, class D>
+HWY_INLINE void SweepFinish(D d, const float* HWY_RESTRICT y, size_t cols, float* HWY_RESTRICT out) {
+  const size_t N = hn::Lanes(d);
+  for (size_t c = 0; c < cols; c += 2 * N) {
+    const hn::Vec<D> e = hn::LoadU(d, y + c), o = hn::LoadU(d, y + c + N);
+    if constexpr (kPairs) {
+      hn::StoreInterleaved2(e, o, d, out + c);
+    } else {
+      hn::StoreU(e, d, out + c);
+      hn::StoreU(o, d, out + c + N);
+    }
+  }
+}
+
 // One row of Y (a decode step), columns [0, cols) with cols a multiple of
 // 2N, in Wo's own order: y[c] = init[c] + sum_{s, l} a[s*a_step + l] *
 // b[s*b_step + l*ldb + c], the terms added in the order of s, then l, each
@@ -193,27 +242,8 @@ HWY_INLINE void RowSweep(size_t segments, size_t L, const float* HWY_RESTRICT a,
   using V = hn::Vec<decltype(d)>;
   const size_t N = hn::Lanes(d);
   constexpr bool kPairs = kLoadsBf16Pairs<TB>;
-  const auto load2 = [&](const TB* HWY_RESTRICT p, V& x0, V& x1) {
-    if constexpr (kPairs) {
-      LoadBf16Pair(d, p, x0, x1);
-    } else {
-      x0 = LoadF32(d, p);
-      x1 = LoadF32(d, p + N);
-    }
-  };
-  for (size_t c = 0; c < cols; c += 2 * N) {
-    V y0 = hn::Zero(d), y1 = hn::Zero(d);
-    if (init != nullptr) {
-      if constexpr (kPairs) {
-        hn::LoadInterleaved2(d, init + c, y0, y1);
-      } else {
-        y0 = hn::LoadU(d, init + c);
-        y1 = hn::LoadU(d, init + c + N);
-      }
-    }
-    hn::StoreU(y0, d, y + c);
-    hn::StoreU(y1, d, y + c + N);
-  }
+  const auto load2 = [&](const TB* HWY_RESTRICT p, V& x0, V& x1) { SweepLoad2(d, p, x0, x1); };
+  SweepStart<kPairs>(d, init, cols, y);
   const size_t row_bytes = cols * sizeof(TB);
   const size_t K = segments * L;
   for (size_t s = 0; s < segments; ++s) {
@@ -268,15 +298,7 @@ HWY_INLINE void RowSweep(size_t segments, size_t L, const float* HWY_RESTRICT a,
       }
     }
   }
-  for (size_t c = 0; c < cols; c += 2 * N) {
-    const V e = hn::LoadU(d, y + c), o = hn::LoadU(d, y + c + N);
-    if constexpr (kPairs) {
-      hn::StoreInterleaved2(e, o, d, out + c);
-    } else {
-      hn::StoreU(e, d, out + c);
-      hn::StoreU(o, d, out + c + N);
-    }
-  }
+  SweepFinish<kPairs>(d, y, cols, out);
 }
 
 // BlockSweep: RowSweep's job with the partial sums in registers across a
@@ -312,27 +334,8 @@ HWY_INLINE void BlockSweep(size_t segments, size_t L, const float* HWY_RESTRICT 
   using V = hn::Vec<decltype(d)>;
   const size_t N = hn::Lanes(d);
   constexpr bool kPairs = kLoadsBf16Pairs<TB>;
-  const auto load2 = [&](const TB* HWY_RESTRICT p, V& x0, V& x1) {
-    if constexpr (kPairs) {
-      LoadBf16Pair(d, p, x0, x1);
-    } else {
-      x0 = LoadF32(d, p);
-      x1 = LoadF32(d, p + N);
-    }
-  };
-  for (size_t c = 0; c < cols; c += 2 * N) {
-    V y0 = hn::Zero(d), y1 = hn::Zero(d);
-    if (init != nullptr) {
-      if constexpr (kPairs) {
-        hn::LoadInterleaved2(d, init + c, y0, y1);
-      } else {
-        y0 = hn::LoadU(d, init + c);
-        y1 = hn::LoadU(d, init + c + N);
-      }
-    }
-    hn::StoreU(y0, d, y + c);
-    hn::StoreU(y1, d, y + c + N);
-  }
+  const auto load2 = [&](const TB* HWY_RESTRICT p, V& x0, V& x1) { SweepLoad2(d, p, x0, x1); };
+  SweepStart<kPairs>(d, init, cols, y);
   const size_t row_bytes = cols * sizeof(TB);
   const size_t chunk = 2 * N * kChunkPairs;
   const size_t chunks = cols / chunk + (cols % chunk) / (2 * N);
@@ -430,15 +433,7 @@ HWY_INLINE void BlockSweep(size_t segments, size_t L, const float* HWY_RESTRICT 
     }
     k0 += rows;
   }
-  for (size_t c = 0; c < cols; c += 2 * N) {
-    const V e = hn::LoadU(d, y + c), o = hn::LoadU(d, y + c + N);
-    if constexpr (kPairs) {
-      hn::StoreInterleaved2(e, o, d, out + c);
-    } else {
-      hn::StoreU(e, d, out + c);
-      hn::StoreU(o, d, out + c + N);
-    }
-  }
+  SweepFinish<kPairs>(d, y, cols, out);
 }
 
 // Rows [s0, s1) (at most kChainRows) and columns [c0, c1) of Y when every
