@@ -108,6 +108,50 @@ size_t ChainRowBlock(const ProjDims& p) {
   return HWY_MIN(HWY_MAX(rows / kChainRows, size_t{1}), size_t{8}) * kChainRows;
 }
 
+// The in-place call's column panels.  Without a peel: kWoPanelCols wide
+// from column 0.  With one: a first panel [0, first), then kWoPanelCols wide
+// from `first` on, where `first` puts each later panel's start in every row
+// of Wo on a 64-byte boundary.  Wo 16 bytes past a boundary (a std::vector's
+// start), each row tile that reads it in place splits every other load
+// across two lines: S=20 D=512, one thread, 145 -> 154 us on the Zen 3 VM
+// (the panel copy's first tile reads all of Wo that way).  The first panel
+// is 16 columns or more, so that its tail is one overlapping vector, not
+// single lanes (ChainTileT's overlap_tail); so is the last: where fewer than
+// 16 columns would be left for it, the panel before it is 32 wide.
+struct ColumnPanels {
+  size_t first = 0;  // 0: no peel
+  size_t count = 0;
+  size_t short_last = 0;  // 1: the panel before the last is 32 columns wide
+  size_t Begin(size_t k) const {
+    if (first == 0) return k * kWoPanelCols;
+    if (k == 0) return 0;
+    if (short_last && k == count - 1) return first + (k - 2) * kWoPanelCols + 32;
+    return first + (k - 1) * kWoPanelCols;
+  }
+  size_t End(size_t k, size_t model_dim) const {
+    return k + 1 < count ? Begin(k + 1) : model_dim;
+  }
+};
+
+ColumnPanels InPlacePanels(const ProjDims& p, const WoSource& wo, bool peel) {
+  ColumnPanels panels;
+  panels.count = WoPanels(p.model_dim);
+  const size_t bytes = DTypeBytes(wo.dtype);
+  const size_t misaligned = reinterpret_cast<uintptr_t>(wo.data) % 64;
+  if (!peel || wo.packed || misaligned == 0 || misaligned % bytes != 0 ||
+      wo.stride * bytes % 64 != 0) {
+    return panels;
+  }
+  size_t first = (64 - misaligned) / bytes;
+  while (first < 16) first += 64 / bytes;
+  if (first + kWoPanelCols > p.model_dim) return panels;
+  panels.first = first;
+  panels.count = 1 + CeilDiv(p.model_dim - first, kWoPanelCols);
+  const size_t rest = (p.model_dim - first) % kWoPanelCols;
+  panels.short_last = rest != 0 && rest < 16 && panels.count >= 3;
+  return panels;
+}
+
 // ChainedSum for fewer than kCopyWoRows rows (B x S) and for one or two
 // rows a sequence: O read in place, Wo in place or from headsum_wo_pack's
 // panels.  A work item is a block of
@@ -125,7 +169,6 @@ headsum_status ChainedSumInPlace(const ProjDims& p, const TensorView& heads,
   const auto kernel = HWY_DISPATCH_TABLE(ChainTile)[t];
   const size_t mc = ChainRowBlock(p);
   const size_t row_blocks = CeilDiv(p.seq, mc), blocks = p.batch * row_blocks;
-  const size_t panels = WoPanels(p.model_dim);
   const size_t threads = static_cast<size_t>(NumThreads());
   // One or two rows (a decode step) read Wo in place, each element once, in
   // column tiles that each sweep all of Wo's rows: an item takes its
@@ -134,6 +177,10 @@ headsum_status ChainedSumInPlace(const ProjDims& p, const TensorView& heads,
   // thread for one sequence): longer runs of each Wo row per sweep, which
   // is what keeps a Wo from memory streaming.
   const bool few_rows = !wo.packed && p.seq <= 2;
+  // (Their sweeps keep the panels from column 0: a Wo streamed from memory
+  // is read row by row there, and a peel would add a narrow column range.)
+  const ColumnPanels cp = InPlacePanels(p, wo, !few_rows);
+  const size_t panels = cp.count;
   const size_t groups = HWY_MIN(panels, CeilDiv((few_rows ? 1 : 4) * threads, blocks));
   const size_t per_group = CeilDiv(panels, groups);
   const size_t bytes = DTypeBytes(wo.dtype);
@@ -153,8 +200,8 @@ headsum_status ChainedSumInPlace(const ProjDims& p, const TensorView& heads,
     // Few rows: the group's panels as one range of columns.
     const size_t panel_step = few_rows ? per_group : 1;
     for (size_t panel = group * per_group; panel < panel_end; panel += panel_step) {
-      const size_t c0 = panel * kWoPanelCols;
-      const size_t c1 = HWY_MIN((few_rows ? panel_end : panel + 1) * kWoPanelCols, p.model_dim);
+      const size_t c0 = cp.Begin(panel);
+      const size_t c1 = cp.End(few_rows ? panel_end - 1 : panel, p.model_dim);
       const char* base = static_cast<const char*>(wo.data);
       const void* wo_c0 = wo.packed ? base + c0 * p.inner() * bytes : base + c0 * bytes;
       size_t ldw = wo.packed ? c1 - c0 : wo.stride;

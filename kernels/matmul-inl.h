@@ -83,6 +83,13 @@ struct KSegments {
   // A's rows in quads: row r at (r % 4) * lda + (r / 4) * a_quad (a block
   // of O packed four rows at a time, PackRowsOfO); 0: row r at r * lda.
   size_t a_quad = 0;
+  // The columns past the last whole vector (cols >= N) as one more vector
+  // ending at column cols - 1, which overlaps the one before it, instead of
+  // lane by lane: for an epilogue that stores (the overlapped columns are
+  // computed twice, the same bits each time: one FMA chain per element).
+  // (A whole tile ending at cols - 1 instead of the narrower tiles was
+  // slower: S=20 D=512 with Wo's panels peeled, 155.5 against 151.9 us.)
+  bool overlap_tail = false;
 };
 
 // Makes the compiler hold these vectors in registers.  GCC otherwise folds a
@@ -325,6 +332,10 @@ HWY_INLINE void MatMulRows(size_t cols, size_t K, const float* HWY_RESTRICT a,
   narrower(std::integral_constant<size_t, 2>());
   for (; col + N <= cols; col += N) {
     MicroTile<kRows, 1, kPackB>(d, K, a, lda, ka, b, ldb, col, epilogue, chain);
+  }
+  if (chain.overlap_tail && col < cols && cols >= N) {
+    MicroTile<kRows, 1, kPackB>(d, K, a, lda, ka, b, ldb, cols - N, epilogue, chain);
+    return;
   }
   const hn::CappedTag<float, 1> d1;
   for (; col < cols; ++col) {

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cfenv>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -792,6 +793,81 @@ TEST_P(TensorProjection, OneRowIsThatRowOfAManyRowCall) {
           }
         }
         headsum_wo_free(packed);
+      }
+    }
+  }
+  headsum_set_num_threads(0);
+}
+
+// Wo anywhere in a cache line: the in-place call (three rows or more) then
+// starts its column panels where Wo's rows meet a 64-byte boundary, with a
+// first panel before them, a last one at least 16 columns wide and each
+// tail one overlapping vector.  The same bits as with Wo on a boundary (no
+// peel there), for every dtype, thread count and element offset; row
+// strides that keep the rows' alignment and one that does not (D = 113
+// packed), panels too few for a peel (D = 77).
+TEST_P(TensorProjection, WoAnywhereInACacheLineGivesTheSameBits) {
+  struct Case {
+    int64_t s, h, l, d, ldw;
+  };
+  const Case cases[] = {{20, 8, 64, 512, 512}, {9, 4, 16, 200, 224}, {3, 2, 24, 113, 128},
+                        {33, 2, 32, 2000, 2016}, {5, 2, 8, 77, 96}, {12, 3, 8, 113, 113}};
+  const ProjCombo combos[] = {{HEADSUM_F32, HEADSUM_F32, HEADSUM_F32},
+                              {HEADSUM_F32, HEADSUM_BF16, HEADSUM_F32},
+                              {HEADSUM_F16, HEADSUM_F16, HEADSUM_F16}};
+  uint64_t seed = 900;
+  for (const Case& c : cases) {
+    const headsum_proj_shape shape = {1, c.s, c.h, c.l, c.d};
+    const int64_t rows = c.h * c.l;
+    const std::vector<float> o0 = RandomUniform(size_t(c.h * c.s * c.l), -1, 1, ++seed);
+    const std::vector<float> wo0 = RandomUniform(size_t(rows * c.d), -0.5f, 0.5f, ++seed);
+    const std::vector<float> bias = RandomUniform(size_t(c.d), -1, 1, ++seed);
+    for (const ProjCombo& t : combos) {
+      const size_t wb = Bytes(t.wo), yb = Bytes(t.y);
+      std::vector<char> o(o0.size() * Bytes(t.o));
+      for (size_t i = 0; i < o0.size(); ++i) EncodeElement(o0[i], &o[i * Bytes(t.o)], t.o);
+      headsum_tensor to = headsum_bhsd(o.data(), t.o, c.h, c.s, c.l);
+      std::vector<char> wo_bytes(size_t(rows * c.ldw) * wb + 128);
+      char* line = reinterpret_cast<char*>(
+          (reinterpret_cast<uintptr_t>(wo_bytes.data()) + 63) & ~uintptr_t{63});
+      std::vector<char> want;
+      for (size_t e = 0; e < 64 / wb; ++e) {
+        char* wo = line + e * wb;
+        std::fill(wo_bytes.begin(), wo_bytes.end(), static_cast<char>(0xFF));  // NaN padding
+        for (int64_t r = 0; r < rows; ++r) {
+          for (int64_t col = 0; col < c.d; ++col) {
+            EncodeElement(wo0[r * c.d + col], wo + (r * c.ldw + col) * wb, t.wo);
+          }
+        }
+        headsum_tensor tw;
+        tw.data = wo;
+        tw.dtype = t.wo;
+        tw.strides[0] = tw.strides[1] = 0;
+        tw.strides[2] = c.ldw;
+        for (int threads : {1, 2, 3}) {
+          SCOPED_TRACE("O " + std::string(DtypeName(t.o)) + " Wo " + DtypeName(t.wo) + " Y " +
+                       DtypeName(t.y) + " S" + std::to_string(c.s) + " D" +
+                       std::to_string(c.d) + " ldw " + std::to_string(c.ldw) + ", Wo " +
+                       std::to_string(e * wb) + " bytes past a line, " +
+                       std::to_string(threads) + " threads");
+          ASSERT_EQ(headsum_set_num_threads(threads), HEADSUM_OK);
+          std::vector<char> y(size_t(c.s * c.d) * yb, static_cast<char>(0xA5));
+          headsum_tensor ty;
+          ty.data = y.data();
+          ty.dtype = t.y;
+          ty.strides[0] = c.s * c.d;
+          ty.strides[1] = 0;
+          ty.strides[2] = c.d;
+          ASSERT_EQ(headsum_project_heads_sum_tensors(&shape, &to, &tw, bias.data(), &ty),
+                    HEADSUM_OK) << headsum_last_error();
+          if (want.empty()) {
+            want = y;  // Wo on a 64-byte boundary, one thread
+            continue;
+          }
+          size_t differ = 0;
+          for (size_t i = 0; i < y.size(); i += yb) differ += memcmp(&y[i], &want[i], yb) != 0;
+          EXPECT_EQ(differ, 0u);
+        }
       }
     }
   }
