@@ -24,12 +24,17 @@
 HWY_BEFORE_NAMESPACE();
 namespace headsum {
 namespace HWY_NAMESPACE {
-// The chained sum's register tile.  AVX2 (16 registers): 4 x 3, 3 loads of B
-// and 4 broadcasts per 12 FMAs, where the 6 x 2 tile takes 2 + 6 (one Zen 1
-// core, H*L = D = 512: S=512 7.8-8.0 -> 7.6 ms, S=20 309-327 -> 300 us, and
-// the two alignments alike); a 48-column panel is two of its column tiles.
+// The chained sum's register tile.  AVX2 (16 registers): 6 x 2, 2 loads of B
+// and 6 broadcasts per 12 FMAs; a 48-column panel is three of its column
+// tiles.  Until the seventeenth session 4 x 3 (3 + 4), chosen on Zen 1 (one
+// core, H*L = D = 512: S=512 7.6 against 7.8-8.0 ms, S=20 300 against 309-327
+// us): it loads B, a panel of 96 KiB streamed from L2 once per row tile, 1.5
+// times as often per FMA, and on the Zen 3 VM that costs more than the
+// broadcasts (one core, alternated, medians: S=20 145 -> 133 us, 151 -> 142
+// with buffers 16 bytes off; S=128 816 -> 725, 853 -> 765; two cores S=128
+// 461 -> 410).  Three or four rows in place keep 4 x 3 (ChainTileT).
 #if HWY_TARGET == HWY_AVX2
-constexpr size_t kChainTileRows = 4, kChainTileVecs = 3;
+constexpr size_t kChainTileRows = 6, kChainTileVecs = 2;
 #else
 constexpr size_t kChainTileRows = kWideRows, kChainTileVecs = kWideVecs;
 #endif
@@ -567,6 +572,12 @@ HWY_INLINE void ChainTileT(const ProjDims& p, const TensorView& heads,
       }
     } else if (rows == 2) {
       MatMul<2, 4>(rows, cols, L, o, lda, wo_c0, ldw, store, every_head);
+#if HWY_TARGET == HWY_AVX2
+    } else if (rows <= 4) {
+      // 9 or 12 chains, where 6 x 2 would leave 6 or 8 (Zen 3 VM, one core,
+      // buffers 16 bytes off: S=3 35 against 40 us, S=4 38 against 41).
+      MatMul<4, 3>(rows, cols, L, o, lda, wo_c0, ldw, store, every_head);
+#endif
     } else
 #endif
     {
