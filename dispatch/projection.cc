@@ -121,7 +121,7 @@ size_t ChainRowBlock(const ProjDims& p) {
 struct ColumnPanels {
   size_t first = 0;  // 0: no peel
   size_t count = 0;
-  size_t short_last = 0;  // 1: the panel before the last is 32 columns wide
+  bool short_last = false;  // the panel before the last is 32 columns wide
   size_t Begin(size_t k) const {
     if (first == 0) return k * kWoPanelCols;
     if (k == 0) return 0;
