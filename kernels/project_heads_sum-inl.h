@@ -553,15 +553,20 @@ HWY_INLINE void ChainTileT(const ProjDims& p, const TensorView& heads,
         // threads, Wo in cache, bf16 13-14 us -> 26-32 on the Zen 3 VM).
         float* HWY_RESTRICT acc = reinterpret_cast<float*>(
             (reinterpret_cast<uintptr_t>(scratch) + 63) & ~uintptr_t{63});
-        if (sizeof(TB) == 2 && (cols == p.model_dim || ldw == cols)) {
-          // Whole rows of Wo (one thread, or a packed panel: each row's
-          // columns in one piece): blocks of 8 rows, prefetched in address
-          // order.  A part of each row (more threads): a row a pass.
-          BlockSweep<8, 3>(H, L, o, a_step, wo_c0, ldw, every_head.b_step, cs, every_head.init,
-                           HWY_MAX(ahead, size_t{8}), acc, y_tile);
-        } else {
-          RowSweep<sizeof(TB) == 2 ? 1 : 4>(H, L, o, a_step, wo_c0, ldw, every_head.b_step, cs,
-                                            every_head.init, ahead, acc, y_tile);
+        if constexpr (sizeof(TB) == 2) {
+          if (cols == p.model_dim || ldw == cols) {
+            // Whole rows of Wo (one thread, or a packed panel: each row's
+            // columns in one piece): blocks of 8 rows, prefetched in address
+            // order.  A part of each row (more threads): a row a pass.
+            BlockSweep<8, 3>(H, L, o, a_step, wo_c0, ldw, every_head.b_step, cs,
+                             every_head.init, HWY_MAX(ahead, size_t{8}), acc, y_tile);
+          } else {
+            RowSweep<1>(H, L, o, a_step, wo_c0, ldw, every_head.b_step, cs, every_head.init,
+                        ahead, acc, y_tile);
+          }
+        } else {  // f32: four rows a pass
+          RowSweep<4>(H, L, o, a_step, wo_c0, ldw, every_head.b_step, cs, every_head.init, ahead,
+                      acc, y_tile);
         }
       }
       if (cs < cols) {
