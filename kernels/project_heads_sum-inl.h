@@ -503,7 +503,7 @@ HWY_INLINE void ChainTileT(const ProjDims& p, const TensorView& heads,
   every_head.a_step = a_step;
   every_head.b_step = L * ldw;  // Wo[h] -> Wo[h+1]
   every_head.init = bias ? bias + c0 : nullptr;
-  every_head.overlap_tail = true;  // `store` below: a column stored twice is the same bits  // `store` below: a column stored twice is the same bits
+  every_head.overlap_tail = true;  // `store` below: a column stored twice is the same bits
   const auto store = [&](auto d, size_t r, size_t c, auto acc) {
     hn::StoreU(acc, d, y_tile + r * ldy + c);
   };
