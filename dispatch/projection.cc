@@ -21,6 +21,8 @@
 namespace headsum {
 HWY_EXPORT(SumHeadsTile);
 HWY_EXPORT(ChainTile);
+HWY_EXPORT(ChainBlock);
+HWY_EXPORT(ChainBlockScratch);
 HWY_EXPORT(ChainScratch);
 HWY_EXPORT(PackRowsOfO);
 HWY_EXPORT(PackedOFloats);
@@ -211,8 +213,7 @@ headsum_status ChainedSumInPlace(const ProjDims& p, const TensorView& heads,
       if (copies) {
         // The first tile of rows reads Wo in place and fills the panel.
         const size_t s1 = HWY_MIN(s0 + kChainRows, r1);
-        kernel(p, heads, wo_c0, wo_dtype, ldw, bias, y, b, s0, s1, c0, c1, scratch, panel_f32,
-               nullptr);
+        kernel(p, heads, wo_c0, wo_dtype, ldw, bias, y, b, s0, s1, c0, c1, scratch, panel_f32);
         s0 = s1;
         wo_c0 = panel_f32;
         wo_dtype = DType::kF32;
@@ -220,7 +221,7 @@ headsum_status ChainedSumInPlace(const ProjDims& p, const TensorView& heads,
       }
       for (; s0 < r1; s0 += kChainRows) {
         kernel(p, heads, wo_c0, wo_dtype, ldw, bias, y, b, s0, HWY_MIN(s0 + kChainRows, r1), c0,
-               c1, scratch, nullptr, nullptr);
+               c1, scratch, nullptr);
       }
     }
   });
@@ -231,20 +232,20 @@ headsum_status ChainedSumInPlace(const ProjDims& p, const TensorView& heads,
 // steps), ChainedSumInPlace.  From there on, Wo is read from
 // headsum_wo_pack's panels or, in the plain call, from an f32 copy of Wo in
 // those panels made first (PackWoRowsF32), and O is packed (PackRowsOfO) a
-// block at a time, blocks of about the L1 size (PackedRowBlock): a work
-// item is one block times a group of Wo panels, and runs the block over
-// each panel of its group in turn: the block is packed once and read from
-// L1/L2 for every panel, each panel read from L2 once per row tile, and
-// the next block's rows of O are asked into L2 under this block's
-// arithmetic.  Panels are split into groups as far as the threads need
-// items, and as far as keeps a group within half the L2: then items go
-// group by group (the group stays in L2 while blocks of O stream past it),
-// otherwise block by block.  Every element of Y is one FMA chain whatever
-// the blocking: the result does not depend on it, nor on the thread count.
-// (Paired against ChainedSumInPlace for every row count, H*L = D = 512,
-// one SPR core, 16-byte offset: S=2048 plain 1.18x oneDNN where it was
-// 1.06x, packed 1.19x (1.14x); S=8192 1.19x (0.99x); S=512 about even;
-// S=128 and S=20 1.1-1.35x the time of ChainedSumInPlace.)
+// block of rows at a time, blocks of about a quarter of the L2
+// (PackedRowBlock): a work item is one block times a group of Wo panels;
+// it packs its block once and runs it over each panel of its group in turn
+// (ChainBlock: the panel in blocks of kc rows that stay in L1, the packed
+// block read from L2), reading each panel once from L3 or memory, and asks
+// the next block's rows of O into L2 under this block's arithmetic.  Panels
+// are split into groups only as far as the threads need items.  Every
+// element of Y is one FMA chain whatever the blocking: the result does not
+// depend on it, nor on the thread count.
+// (Until the eighteenth session blocks of O were sized to the L1, 12 rows
+// on Zen 3, and groups of panels to half the L2, each panel read whole from
+// L2 once per row tile, and O packed again for every group: H*L = D = 512,
+// S = 512, one Zen 3 core, 16 bytes off: 3343-3443 us against oneDNN's
+// 3104, S = 2048 13.5-13.9 ms against 11.6-12.0.)
 headsum_status ChainedSum(const ProjDims& p, const TensorView& heads, const WoSource& wo,
                           const float* bias, const TensorView& y) {
   // bf16 O and Wo (or any, under fpmath BF16) on a native bf16 path in force;
@@ -264,7 +265,7 @@ headsum_status ChainedSum(const ProjDims& p, const TensorView& heads, const WoSo
     return ChainedSumInPlace(p, heads, wo, bias, y);
   }
   const size_t t = TableIndex(ActiveTarget());
-  const auto kernel = HWY_DISPATCH_TABLE(ChainTile)[t];
+  const auto kernel = HWY_DISPATCH_TABLE(ChainBlock)[t];
   const size_t panels = WoPanels(p.model_dim), inner = p.inner();
   const size_t threads = static_cast<size_t>(NumThreads());
   // Where the panels are read from, and as what.
@@ -287,23 +288,20 @@ headsum_status ChainedSum(const ProjDims& p, const TensorView& heads, const WoSo
     wo_dtype = DType::kF32;
   }
   const size_t bytes = DTypeBytes(wo_dtype);
-  const size_t mc = HWY_DISPATCH_TABLE(PackedRowBlock)[t](p, L1Bytes());
+  // Rows of a panel per block: half the L1 for kc x kWoPanelCols elements.
+  const size_t kc = HWY_MAX(L1Bytes() / 2 / (kWoPanelCols * bytes) / 8 * 8, size_t{8});
+  const size_t mc = HWY_DISPATCH_TABLE(PackedRowBlock)[t](p, L2Bytes(), threads);
   const size_t row_blocks = CeilDiv(p.seq, mc), blocks = p.batch * row_blocks;
-  const size_t l2_groups = CeilDiv(inner * p.model_dim * bytes, HWY_MAX(L2Bytes() / 2, size_t{1}));
-  const size_t groups = HWY_MIN(panels, HWY_MAX(l2_groups, CeilDiv(4 * threads, blocks)));
+  const size_t groups = HWY_MIN(panels, CeilDiv(2 * threads, blocks));
   const size_t per_group = CeilDiv(panels, groups);
-  const bool group_major = l2_groups > 1;
-  const size_t chain_floats =
-      (HWY_DISPATCH_TABLE(ChainScratch)[t](p, heads.dtype, y.dtype) + 15) / 16 * 16;
+  const size_t y_floats = (HWY_DISPATCH_TABLE(ChainBlockScratch)[t](y.dtype, mc) + 15) / 16 * 16;
   const size_t o_floats = HWY_DISPATCH_TABLE(PackedOFloats)[t](p, mc);
   const auto pack_o = HWY_DISPATCH_TABLE(PackRowsOfO)[t];
-  return ParallelItems(blocks * groups, chain_floats + o_floats,
-                       [&](size_t item, float* scratch) {
-    const size_t group = group_major ? item / blocks : item % groups;
-    const size_t block = group_major ? item % blocks : item / groups;
+  return ParallelItems(blocks * groups, y_floats + o_floats, [&](size_t item, float* scratch) {
+    const size_t group = item % groups, block = item / groups;
     const size_t b = block / row_blocks, r0 = block % row_blocks * mc;
     const size_t r1 = HWY_MIN(r0 + mc, p.seq);
-    float* o_packed = scratch + chain_floats;
+    float* o_packed = scratch + y_floats;
     pack_o(p, heads, b, r0, r1, o_packed);
     const size_t first = group * per_group, end = HWY_MIN(first + per_group, panels);
     // The block this thread is likely to take next (items are handed out in
@@ -312,8 +310,8 @@ headsum_status ChainedSum(const ProjDims& p, const TensorView& heads, const WoSo
     const bool prefetches = groups == 1 && next < blocks;
     for (size_t panel = first; panel < end; ++panel) {
       const size_t c0 = panel * kWoPanelCols, c1 = HWY_MIN(c0 + kWoPanelCols, p.model_dim);
-      kernel(p, heads, wo_base + c0 * inner * bytes, wo_dtype, c1 - c0, bias, y, b, r0, r1, c0, c1,
-             scratch, nullptr, o_packed);
+      kernel(p, o_packed, wo_base + c0 * inner * bytes, wo_dtype, c1 - c0, bias, y, b, r0, r1, c0,
+             c1, kc, scratch);
       if (prefetches) {
         const size_t next_r0 = next % row_blocks * mc;
         PrefetchRowsOfO(p, heads, next / row_blocks, next_r0, HWY_MIN(next_r0 + mc, p.seq),

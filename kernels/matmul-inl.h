@@ -90,6 +90,13 @@ struct KSegments {
   // (A whole tile ending at cols - 1 instead of the narrower tiles was
   // slower: S=20 D=512 with Wo's panels peeled, 155.5 against 151.9 us.)
   bool overlap_tail = false;
+  // Row r's accumulators start at init_rows[r * init_ld + col + v*N] (in
+  // place of init): partial sums of an earlier pass over other rows of K
+  // (f32 stores and loads are exact, so a product over K in blocks is the
+  // same chain as one pass).  Not with overlap_tail: the overlapping vector
+  // would start from columns this pass already stored.
+  const float* init_rows = nullptr;
+  size_t init_ld = 0;
 };
 
 // Makes the compiler hold these vectors in registers.  GCC otherwise folds a
@@ -178,6 +185,44 @@ HWY_INLINE void MicroTile(D d, size_t K, const float* HWY_RESTRICT a, size_t lda
   V c50 = i0, c51 = i1, c52 = i2, c53 = i3;
   V c60 = i0, c61 = i1, c62 = i2, c63 = i3;
   V c70 = i0, c71 = i1, c72 = i2, c73 = i3;
+  if (chain.init_rows != nullptr) {
+    const auto load_vecs = [&](const float* HWY_RESTRICT p, V& v0, V& v1, V& v2, V& v3) {
+      if constexpr (kPair01) {
+        hn::LoadInterleaved2(d, p, v0, v1);
+      } else {
+        v0 = hn::LoadU(d, p);
+        if constexpr (kVecs > 1) v1 = hn::LoadU(d, p + N);
+      }
+      if constexpr (kVecs == 3 || (kVecs > 3 && !kPair23)) v2 = hn::LoadU(d, p + 2 * N);
+      if constexpr (kVecs > 3 && !kPair23) v3 = hn::LoadU(d, p + 3 * N);
+      if constexpr (kPair23) hn::LoadInterleaved2(d, p + 2 * N, v2, v3);
+    };
+    const float* HWY_RESTRICT p = chain.init_rows + col;
+    const size_t ld = chain.init_ld;
+#define HEADSUM_ROW_INIT(r) \
+    if constexpr (kRows > r) load_vecs(p + r * ld, c##r##0, c##r##1, c##r##2, c##r##3);
+    HEADSUM_ROW_INIT(0)
+    HEADSUM_ROW_INIT(1)
+    HEADSUM_ROW_INIT(2)
+    HEADSUM_ROW_INIT(3)
+    HEADSUM_ROW_INIT(4)
+    HEADSUM_ROW_INIT(5)
+    HEADSUM_ROW_INIT(6)
+    HEADSUM_ROW_INIT(7)
+#undef HEADSUM_ROW_INIT
+    if constexpr (kVecs > 4) {  // rows 0 and 1 only
+      const auto load_45 = [&](const float* HWY_RESTRICT q, V& v4, V& v5) {
+        if constexpr (kPair45) {
+          hn::LoadInterleaved2(d, q, v4, v5);
+        } else {
+          v4 = hn::LoadU(d, q);
+          if constexpr (kVecs > 5) v5 = hn::LoadU(d, q + N);
+        }
+      };
+      load_45(p + 4 * N, c04, c05);
+      if constexpr (kRows > 1) load_45(p + ld + 4 * N, c14, c15);
+    }
+  }
   const size_t quad = chain.a_quad != 0 ? chain.a_quad : 4 * lda;
   for (size_t s = 0; s < chain.segments; ++s) {
     const TB* HWY_RESTRICT bk = b + s * chain.b_step + col;

@@ -450,10 +450,9 @@ HWY_INLINE void BlockSweep(size_t segments, size_t L, const float* HWY_RESTRICT 
 // column c0 of Wo with row stride ldw: Wo itself (ldw = its row stride) or
 // one packed panel (ldw = the panel's width, c1 - c0 within it); a 16-bit Wo
 // is widened in registers as it is loaded.  O and Y are views (any dtype):
-// f32 O is read in place, 16-bit O widened into scratch (or, o_packed not
-// null, rows [s0, s1) of O come packed by PackRowsOfO, any dtype widened
-// there); a 16-bit Y tile is computed in f32 and rounded once.  pack_into
-// (when not null, o_packed null): Wo's columns [c0, c1) are also copied, as
+// f32 O is read in place, 16-bit O widened into scratch; a 16-bit Y tile is
+// computed in f32 and rounded once.  pack_into
+// (when not null): Wo's columns [c0, c1) are also copied, as
 // f32 rows of c1 - c0 floats, into that panel by the first row tile, which
 // reads Wo in place (a bf16 Wo in column order there, not as pairs:
 // MicroTile); the other row tiles read the panel (MatMulPackingB), and so
@@ -467,14 +466,11 @@ HWY_INLINE void ChainTileT(const ProjDims& p, const TensorView& heads,
                            const TB* HWY_RESTRICT wo_c0, size_t ldw,
                            const float* HWY_RESTRICT bias, const TensorView& y, size_t b,
                            size_t s0, size_t s1, size_t c0, size_t c1,
-                           float* HWY_RESTRICT scratch, float* HWY_RESTRICT pack_into,
-                           const float* HWY_RESTRICT o_packed) {
+                           float* HWY_RESTRICT scratch, float* HWY_RESTRICT pack_into) {
   const size_t H = p.heads, L = p.head_dim, rows = s1 - s0, cols = c1 - c0;
   const float* HWY_RESTRICT o = nullptr;
   size_t lda = 0, a_step = 0;
-  if (o_packed != nullptr) {
-    o = o_packed;
-  } else if (heads.IsF32()) {
+  if (heads.IsF32()) {
     o = reinterpret_cast<const float*>(heads.Row(b, 0, s0));  // O[b][0][s0]
     lda = heads.ss;
     a_step = heads.sh;  // O[b][h] -> O[b][h+1]
@@ -508,19 +504,7 @@ HWY_INLINE void ChainTileT(const ProjDims& p, const TensorView& heads,
     hn::StoreU(acc, d, y_tile + r * ldy + c);
   };
   bool packed = false;
-  if (o_packed != nullptr) {
-    // PackRowsOfO's row tiles, each quad [H*L][4]: row r of a tile at
-    // (r % 4) + (r / 4) * 4 * H * L, step 4 along l, 4 * L from head to head.
-    every_head.a_step = 4 * L;
-    every_head.a_quad = 4 * p.inner();
-    ForEachRowTile<kChainTileRows>(rows, [&](size_t t, size_t r0, size_t height) {
-      const auto shifted = [&](auto d, size_t r, size_t c, auto acc) { store(d, r0 + r, c, acc); };
-      RowTile<kChainTileRows, kChainTileVecs, false>(
-          height, cols, L, o + t * kPackedTileRows * p.inner(), 1, 4, wo_c0, ldw, shifted,
-          every_head);
-    });
-    packed = true;
-  } else if (pack_into != nullptr) {
+  if (pack_into != nullptr) {
     KSegments packing = every_head;
     packing.pack = pack_into;
     packing.pack_ld = cols;
@@ -602,10 +586,76 @@ HWY_INLINE void ChainTileT(const ProjDims& p, const TensorView& heads,
 inline void ChainTile(const ProjDims& p, const TensorView& heads, const void* wo_c0,
                       DType wo_dtype, size_t ldw, const float* HWY_RESTRICT bias,
                       const TensorView& y, size_t b, size_t s0, size_t s1, size_t c0,
-                      size_t c1, float* HWY_RESTRICT scratch, float* HWY_RESTRICT pack_into,
-                      const float* HWY_RESTRICT o_packed) {
+                      size_t c1, float* HWY_RESTRICT scratch, float* HWY_RESTRICT pack_into) {
   WithElementType(wo_dtype, wo_c0, [&](const auto* wo) {
-    ChainTileT(p, heads, wo, ldw, bias, y, b, s0, s1, c0, c1, scratch, pack_into, o_packed);
+    ChainTileT(p, heads, wo, ldw, bias, y, b, s0, s1, c0, c1, scratch, pack_into);
+  });
+}
+
+// Floats of scratch ChainBlock needs (besides the packed block of O): a
+// 16-bit Y's partial sums in f32, [rows][kWoPanelCols].
+inline size_t ChainBlockScratch(DType y, size_t rows) {
+  return rows * kWoPanelCols;
+}
+
+// Y's rows [s0, s1) of batch b and columns [c0, c1), every gate 1, from
+// rows [s0, s1) of O packed by PackRowsOfO (o_packed) and one Wo panel
+// (columns [c0, c1), row stride ldw = c1 - c0: the plain call's f32 copy or
+// headsum_wo_pack's panel of any dtype): the chained sum of ChainTileT, K
+// (H*L, the heads one after another: packed O and a packed panel are both
+// contiguous along it) in blocks of kc rows of the panel, each block run
+// over every row tile before the next: a block of the panel (kc x the
+// panel's width) stays in L1 while the tiles stream the packed rows of O
+// from L2, where a whole panel (96 KiB at H*L = 512) would be read from L2
+// once per row tile.  Between blocks each element's partial sum waits in Y
+// (or, for a 16-bit Y, in f32 scratch), stored and loaded exactly: the same
+// FMA chain as one pass, so the same bits whatever kc.  (Zen 3 VM, one
+// core, H*L = D = 512, S = 512, a standalone copy of the loop nest with O
+// packed: blocks of 80-128 rows of the panel 0.90-0.92x the time of whole
+// panels, 256 rows 0.95x.)
+template <class TB>
+HWY_INLINE void ChainBlockT(const ProjDims& p, const float* HWY_RESTRICT o_packed,
+                            const TB* HWY_RESTRICT panel, size_t ldw,
+                            const float* HWY_RESTRICT bias, const TensorView& y, size_t b,
+                            size_t s0, size_t s1, size_t c0, size_t c1, size_t kc,
+                            float* HWY_RESTRICT scratch) {
+  const size_t inner = p.inner(), rows = s1 - s0, cols = c1 - c0;
+  float* HWY_RESTRICT y_tile = scratch;
+  const size_t ldy = cols;
+  kc = HWY_MAX(kc, size_t{1});
+  for (size_t k0 = 0; k0 < inner; k0 += kc) {
+    const size_t k1 = HWY_MIN(k0 + kc, inner);
+    // PackRowsOfO's row tiles, each quad [H*L][4]: row r of a tile at
+    // (r % 4) + (r / 4) * 4 * H * L, step 4 along k.
+    ForEachRowTile<kChainTileRows>(rows, [&](size_t t, size_t r0, size_t height) {
+      KSegments block;
+      block.a_quad = 4 * inner;
+      if (k0 == 0) {
+        block.init = bias ? bias + c0 : nullptr;
+      } else {
+        block.init_rows = y_tile + r0 * ldy;
+        block.init_ld = ldy;
+      }
+      const auto store = [&](auto d, size_t r, size_t c, auto acc) {
+        hn::StoreU(acc, d, y_tile + (r0 + r) * ldy + c);
+      };
+      RowTile<kChainTileRows, kChainTileVecs, false>(
+          height, cols, k1 - k0, o_packed + t * kPackedTileRows * inner + 4 * k0, 1, 4,
+          panel + k0 * ldw, ldw, store, block);
+    });
+  }
+  const size_t bytes = DTypeBytes(y.dtype);
+  for (size_t r = 0; r < rows; ++r) {
+    StoreRow(y_tile + r * ldy, cols, y.Row(b, 0, s0 + r) + c0 * bytes, y.dtype);
+  }
+}
+
+inline void ChainBlock(const ProjDims& p, const float* HWY_RESTRICT o_packed, const void* panel,
+                       DType wo_dtype, size_t ldw, const float* HWY_RESTRICT bias,
+                       const TensorView& y, size_t b, size_t s0, size_t s1, size_t c0, size_t c1,
+                       size_t kc, float* HWY_RESTRICT scratch) {
+  WithElementType(wo_dtype, panel, [&](const auto* wo) {
+    ChainBlockT(p, o_packed, wo, ldw, bias, y, b, s0, s1, c0, c1, kc, scratch);
   });
 }
 
@@ -614,16 +664,19 @@ inline void ChainTile(const ProjDims& p, const TensorView& heads, const void* wo
 inline size_t PanelFloats(const ProjDims& p) { return p.inner() * kWoPanelCols; }
 
 // Rows of O per work item when O is packed (PackRowsOfO): a packed block
-// about the size of the L1 data cache (l1_bytes), in whole row tiles, one
-// tile to kChainRows rows.  The block is read from L1 or L2 once per Wo
-// panel; each panel from L2 once per row tile.  (H*L = D = 512, S = 2048,
-// packed Wo, one Sapphire Rapids core, L1d 48 KiB, paired runs: packed
-// blocks of 64 rows 0.90x and of 32 rows 0.86x the time of 512-row blocks
-// of O in place; against 32 rows, 24 rows 0.95x, 16 0.99x, 40 and 48
-// 1.02x.)
-inline size_t PackedRowBlock(const ProjDims& p, size_t l1_bytes) {
-  const size_t tiles = l1_bytes / (p.inner() * sizeof(float) * kChainTileRows);
-  return HWY_MIN(HWY_MAX(tiles, size_t{1}), kChainRows / kChainTileRows) * kChainTileRows;
+// of about a quarter of the L2 (l2_bytes), read from L2 by every block of
+// every Wo panel (ChainBlockT); each panel is read once per block (from L3
+// or memory).  At least 48 rows, so that a large H*L (a block of 48 rows
+// then outgrows the L2 and streams from L3) still does 24 FMAs per Wo
+// element read from memory; at most 192; and at most what gives each of
+// `threads` threads two blocks of the sequence (rows of one sequence, a
+// batch's sequences are blocks of their own).
+inline size_t PackedRowBlock(const ProjDims& p, size_t l2_bytes, size_t threads) {
+  size_t rows = l2_bytes / 4 / (p.inner() * sizeof(float));
+  const size_t per_sequence = (2 * threads + p.batch - 1) / p.batch;
+  rows = HWY_MIN(rows, (p.seq + per_sequence - 1) / per_sequence);
+  rows = HWY_MIN(HWY_MAX(rows, size_t{48}), size_t{192});
+  return (rows + kChainTileRows - 1) / kChainTileRows * kChainTileRows;
 }
 
 // Rows [k0, k1) of Wo (dtype t, row stride ldw elements) into dst, the
