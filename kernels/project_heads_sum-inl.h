@@ -592,11 +592,9 @@ inline void ChainTile(const ProjDims& p, const TensorView& heads, const void* wo
   });
 }
 
-// Floats of scratch ChainBlock needs (besides the packed block of O): a
-// 16-bit Y's partial sums in f32, [rows][kWoPanelCols].
-inline size_t ChainBlockScratch(DType y, size_t rows) {
-  return rows * kWoPanelCols;
-}
+// Floats of scratch ChainBlock needs (besides the packed block of O): Y's
+// partial sums in f32, [rows][kWoPanelCols].
+inline size_t ChainBlockScratch(DType, size_t rows) { return rows * kWoPanelCols; }
 
 // Y's rows [s0, s1) of batch b and columns [c0, c1), every gate 1, from
 // rows [s0, s1) of O packed by PackRowsOfO (o_packed) and one Wo panel
@@ -607,9 +605,13 @@ inline size_t ChainBlockScratch(DType y, size_t rows) {
 // over every row tile before the next: a block of the panel (kc x the
 // panel's width) stays in L1 while the tiles stream the packed rows of O
 // from L2, where a whole panel (96 KiB at H*L = 512) would be read from L2
-// once per row tile.  Between blocks each element's partial sum waits in Y
-// (or, for a 16-bit Y, in f32 scratch), stored and loaded exactly: the same
-// FMA chain as one pass, so the same bits whatever kc.  (Zen 3 VM, one
+// once per row tile.  Between blocks each element's partial sum waits in
+// f32 scratch ([rows][cols], scratch on a 64-byte boundary), stored and
+// loaded exactly: the same FMA chain as one pass, so the same bits
+// whatever kc; Y's rows are written once at the end (a 16-bit Y rounded
+// once).  (Partial sums in an f32 Y itself, 16 bytes off a boundary, ran as
+// fast: S = 512 3140-3152 against 3116-3149 us, S = 2048 12.55-12.76 ms
+// against 12.65-12.70.)  (Zen 3 VM, one
 // core, H*L = D = 512, S = 512, a standalone copy of the loop nest with O
 // packed: blocks of 80-128 rows of the panel 0.90-0.92x the time of whole
 // panels, 256 rows 0.95x.)

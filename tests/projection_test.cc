@@ -138,14 +138,15 @@ TEST_P(ProjectHeadsSumPacked, EqualsReferenceAndPlainCallBitwise) {
   });
 }
 
-// From kCopyWoRows rows on, the chained sum packs O in blocks sized to the
-// L1 and runs them over Wo panel groups sized to the L2, the sizes it reads
-// from sysconf; below, it reads O in place.  Whichever, each element of Y
-// is the same FMA chain.  With the blocked path taken from three rows on,
-// caches of one byte (blocks of one row tile, one panel per group, the
-// groups' order) and of a gigabyte (the largest blocks, one group) give the
-// plain and the packed call's bits of the default (for most of these shapes
-// O in place).
+// From kCopyWoRows rows on, the chained sum packs O in blocks of rows sized
+// to the L2 and runs each Wo panel over them in blocks of K sized to the
+// L1, the sizes it reads from sysconf; below, it reads O in place.
+// Whichever, each element of Y is the same FMA chain.  With the blocked
+// path taken from three rows on, caches of one byte (the fewest rows a
+// block, 48, and 8 rows of K a block: partial sums carried across many
+// blocks) and of a gigabyte (the largest blocks, K in one block) give the
+// plain and the packed call's bits of the default (for most of these
+// shapes O in place).
 TEST_P(ProjectHeadsSumPacked, AnyBlockingGivesTheSameBits) {
   struct RestoreSizes {
     ~RestoreSizes() {
