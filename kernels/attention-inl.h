@@ -239,6 +239,45 @@ inline void FinishRows(size_t rows, size_t L, float* HWY_RESTRICT acc,
   }
 }
 
+#if HWY_ARCH_X86 && HWY_TARGET == HWY_AVX2
+// RescaleAddWeightedRows' columns [0, kV * N) of v and acc in one pass over
+// the n rows: kV accumulators, one FMA chain each over the keys in order.
+// The two chains a vector (even and odd keys) of the general loop below fit
+// 16 registers only four vectors at a time, so at L = 64 it read each V row
+// in two passes of half a row; one pass in row order, the chains' latency
+// covered by the eight vectors' independent FMAs: an MHA decode step (H=8,
+// L=64, one thread, Zen 3 VM) with K/V of 1-4 MiB (L2/L3) 11.2-11.5 ->
+// 9.9-10.0 ns a key and head (with RowScores4Q: see there).
+template <size_t kV, class D, class TV>
+HWY_INLINE void PvPass(D d, const float* HWY_RESTRICT p, size_t n, const TV* HWY_RESTRICT v,
+                       size_t ldv, hn::Vec<D> vcorr, float* HWY_RESTRICT acc) {
+  const size_t N = hn::Lanes(d);
+  auto a0 = hn::Zero(d), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+  for (size_t j = 0; j < n; ++j, v += ldv) {
+    const auto pj = hn::Set(d, p[j]);
+    a0 = hn::MulAdd(pj, LoadF32(d, v), a0);
+    if constexpr (kV > 1) a1 = hn::MulAdd(pj, LoadF32(d, v + N), a1);
+    if constexpr (kV > 2) a2 = hn::MulAdd(pj, LoadF32(d, v + 2 * N), a2);
+    if constexpr (kV > 3) a3 = hn::MulAdd(pj, LoadF32(d, v + 3 * N), a3);
+    if constexpr (kV > 4) a4 = hn::MulAdd(pj, LoadF32(d, v + 4 * N), a4);
+    if constexpr (kV > 5) a5 = hn::MulAdd(pj, LoadF32(d, v + 5 * N), a5);
+    if constexpr (kV > 6) a6 = hn::MulAdd(pj, LoadF32(d, v + 6 * N), a6);
+    if constexpr (kV > 7) a7 = hn::MulAdd(pj, LoadF32(d, v + 7 * N), a7);
+  }
+  const auto out = [&](size_t i, auto a) {
+    hn::StoreU(hn::MulAdd(hn::LoadU(d, acc + i * N), vcorr, a), d, acc + i * N);
+  };
+  out(0, a0);
+  if constexpr (kV > 1) out(1, a1);
+  if constexpr (kV > 2) out(2, a2);
+  if constexpr (kV > 3) out(3, a3);
+  if constexpr (kV > 4) out(4, a4);
+  if constexpr (kV > 5) out(5, a5);
+  if constexpr (kV > 6) out(6, a6);
+  if constexpr (kV > 7) out(7, a7);
+}
+#endif
+
 // acc[:] = corr * acc[:] + sum_{j < n} p[j] V[j][:].  The sum over the keys
 // stays in registers: per block of columns, two FMA chains per vector (even
 // and odd keys), added at the end, so acc is read and written once per tile.
@@ -250,6 +289,28 @@ HWY_INLINE void RescaleAddWeightedRows(const float* HWY_RESTRICT p, size_t n,
   const size_t N = hn::Lanes(d);
   const auto vcorr = hn::Set(d, corr);
   size_t c = 0;
+#if HWY_ARCH_X86 && HWY_TARGET == HWY_AVX2
+  // 16 registers: the columns in passes of up to 8 vectors, one chain per
+  // vector, each pass reading its columns of every row in order (L = 64:
+  // one pass over each V row; see PvPass).
+  for (; c + N <= L;) {
+    const size_t vecs = HWY_MIN((L - c) / N, size_t{8});
+    const auto pass = [&](auto width) {
+      PvPass<decltype(width)::value>(d, p, n, v + c, ldv, vcorr, acc + c);
+    };
+    switch (vecs) {
+      case 1: pass(std::integral_constant<size_t, 1>()); break;
+      case 2: pass(std::integral_constant<size_t, 2>()); break;
+      case 3: pass(std::integral_constant<size_t, 3>()); break;
+      case 4: pass(std::integral_constant<size_t, 4>()); break;
+      case 5: pass(std::integral_constant<size_t, 5>()); break;
+      case 6: pass(std::integral_constant<size_t, 6>()); break;
+      case 7: pass(std::integral_constant<size_t, 7>()); break;
+      default: pass(std::integral_constant<size_t, 8>()); break;
+    }
+    c += vecs * N;
+  }
+#endif
   for (; c + 4 * N <= L; c += 4 * N) {
     auto e0 = hn::Zero(d), e1 = hn::Zero(d), e2 = hn::Zero(d), e3 = hn::Zero(d);
     auto o0 = hn::Zero(d), o1 = hn::Zero(d), o2 = hn::Zero(d), o3 = hn::Zero(d);
@@ -466,6 +527,69 @@ HWY_INLINE size_t RowScores8Q(const float* HWY_RESTRICT q, const TK* HWY_RESTRIC
   return j;
 }
 
+#if HWY_ARCH_X86 && HWY_TARGET == HWY_AVX2
+// out[k] = the sum of the lanes of v_k, k = 0..3, as StoreSumsOfLanes8 sums
+// them (per 128-bit block, then the blocks): the same bits.
+template <class V>
+HWY_INLINE void StoreSumsOfLanes4(V v0, V v1, V v2, V v3, float* HWY_RESTRICT out) {
+  const __m256 a = _mm256_hadd_ps(_mm256_hadd_ps(v0.raw, v1.raw), _mm256_hadd_ps(v2.raw, v3.raw));
+  _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1)));
+}
+
+// RowScores8Q for AVX2 when q is 5 to 8 vectors (L = 40..64): q in
+// registers and four rows at a time (4 accumulators beside q's kQ), each
+// row read in order, its products one chain in column order: the chain and
+// the sums of RowScores8Q<0>, which held the eight rows' accumulators and
+// loaded q's vector beside each K vector (two loads per FMA and, for eight
+// chains of kQ FMAs in program order, more than the reorder window keeps in
+// flight: 49 instructions a key, and ~30 cycles a key with K in L2).
+template <size_t kQ, class TK, class TV>
+HWY_INLINE size_t RowScores4Q(const float* HWY_RESTRICT q, const TK* HWY_RESTRICT k_tile,
+                              size_t ldk, size_t nj, size_t L, float scale2,
+                              float* HWY_RESTRICT s, const TV* HWY_RESTRICT v_tile, size_t ldv,
+                              size_t keys_left, bool prefetch) {
+  const hn::ScalableTag<float> d;
+  const hn::CappedTag<float, 1> d1;
+  const size_t N = hn::Lanes(d);
+  const size_t lv = kQ * N;
+  const auto q0 = hn::LoadU(d, q), q1 = hn::LoadU(d, q + N), q2 = hn::LoadU(d, q + 2 * N);
+  const auto q3 = hn::LoadU(d, q + 3 * N), q4 = hn::LoadU(d, q + 4 * N);
+  auto q5 = q4, q6 = q4, q7 = q4;
+  if constexpr (kQ > 5) q5 = hn::LoadU(d, q + 5 * N);
+  if constexpr (kQ > 6) q6 = hn::LoadU(d, q + 6 * N);
+  if constexpr (kQ > 7) q7 = hn::LoadU(d, q + 7 * N);
+  const auto dot = [&](const TK* HWY_RESTRICT k_row) {
+    auto acc = hn::MulAdd(q0, LoadF32(d, k_row), hn::Zero(d));
+    acc = hn::MulAdd(q1, LoadF32(d, k_row + N), acc);
+    acc = hn::MulAdd(q2, LoadF32(d, k_row + 2 * N), acc);
+    acc = hn::MulAdd(q3, LoadF32(d, k_row + 3 * N), acc);
+    acc = hn::MulAdd(q4, LoadF32(d, k_row + 4 * N), acc);
+    if constexpr (kQ > 5) acc = hn::MulAdd(q5, LoadF32(d, k_row + 5 * N), acc);
+    if constexpr (kQ > 6) acc = hn::MulAdd(q6, LoadF32(d, k_row + 6 * N), acc);
+    if constexpr (kQ > 7) acc = hn::MulAdd(q7, LoadF32(d, k_row + 7 * N), acc);
+    return acc;
+  };
+  size_t j = 0;
+  for (; j + 8 <= nj; j += 8) {
+    const TK* HWY_RESTRICT k0 = k_tile + j * ldk;
+    if (prefetch) {
+      PrefetchGroup8(k0, ldk, L * sizeof(TK), v_tile + j * ldv, ldv, L * sizeof(TV),
+                     keys_left - j);
+    }
+    HWY_ALIGN float s8[8];
+    for (size_t h = 0; h < 8; h += 4) {
+      const TK* HWY_RESTRICT kh = k0 + h * ldk;
+      StoreSumsOfLanes4(dot(kh), dot(kh + ldk), dot(kh + 2 * ldk), dot(kh + 3 * ldk), s8 + h);
+    }
+    for (size_t c = lv; c < L; ++c) {
+      for (size_t t = 0; t < 8; ++t) s8[t] += q[c] * hn::GetLane(LoadF32(d1, k0 + t * ldk + c));
+    }
+    ScaleEight(s8, scale2, s + j);
+  }
+  return j;
+}
+#endif
+
 template <class TK, class TV>
 HWY_INLINE size_t RowScores8(const float* HWY_RESTRICT q, const TK* HWY_RESTRICT k_tile,
                              size_t ldk, size_t nj, size_t L, float scale2,
@@ -484,6 +608,19 @@ HWY_INLINE size_t RowScores8(const float* HWY_RESTRICT q, const TK* HWY_RESTRICT
     return RowScores8Q<decltype(kq)::value>(q, k_tile, ldk, nj, L, scale2, s, v_tile, ldv,
                                             keys_left, prefetch);
   };
+#if HWY_ARCH_X86 && HWY_TARGET == HWY_AVX2
+  const auto run4 = [&](auto kq) {
+    return RowScores4Q<decltype(kq)::value>(q, k_tile, ldk, nj, L, scale2, s, v_tile, ldv,
+                                            keys_left, prefetch);
+  };
+  switch (L / N) {
+    case 5: return run4(std::integral_constant<size_t, 5>());
+    case 6: return run4(std::integral_constant<size_t, 6>());
+    case 7: return run4(std::integral_constant<size_t, 7>());
+    case 8: return run4(std::integral_constant<size_t, 8>());
+    default: break;
+  }
+#endif
   switch (L / N) {
     case 1: return run(std::integral_constant<size_t, 1>());
     case 2: return run(std::integral_constant<size_t, 2>());
