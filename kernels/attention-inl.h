@@ -455,6 +455,33 @@ HWY_INLINE void DotSums8(D d, const Dot& dot, const TK* k0, size_t ldk, float* H
   StoreSumsOfLanes8(d, a0, a1, a2, a3, a4, a5, a6, a7, s8);
 }
 
+// The loop over a tile's groups of eight keys that RowScores8Q and
+// RowScores4Q share: prefetches (K/V from memory), sums8(k0, s8) for the
+// eight dot products' vector columns [0, lv), the rest lane by lane, the
+// scale.  Returns the keys done (a multiple of 8).
+template <class TK, class TV, class Sums8>
+HWY_INLINE size_t ScoreGroupsOf8(const float* HWY_RESTRICT q, const TK* HWY_RESTRICT k_tile,
+                                 size_t ldk, size_t nj, size_t L, size_t lv, float scale2,
+                                 float* HWY_RESTRICT s, const TV* HWY_RESTRICT v_tile, size_t ldv,
+                                 size_t keys_left, bool prefetch, const Sums8& sums8) {
+  const hn::CappedTag<float, 1> d1;
+  size_t j = 0;
+  for (; j + 8 <= nj; j += 8) {
+    const TK* HWY_RESTRICT k0 = k_tile + j * ldk;
+    if (prefetch) {  // K/V from DRAM: K rows kPrefetchKeys8 ahead, this group's V rows
+      PrefetchGroup8(k0, ldk, L * sizeof(TK), v_tile + j * ldv, ldv, L * sizeof(TV),
+                     keys_left - j);
+    }
+    HWY_ALIGN float s8[8];
+    sums8(k0, s8);
+    for (size_t c = lv; c < L; ++c) {
+      for (size_t t = 0; t < 8; ++t) s8[t] += q[c] * hn::GetLane(LoadF32(d1, k0 + t * ldk + c));
+    }
+    ScaleEight(s8, scale2, s + j);
+  }
+  return j;
+}
+
 // s[j] = scale2 * q . K[j] for the first keys of a tile, eight at a time,
 // their eight accumulators reduced together (StoreSumsOfLanes8), q's kQ
 // vectors held in registers (kQ = 0: more than the registers hold, loaded
@@ -477,7 +504,6 @@ HWY_INLINE size_t RowScores8Q(const float* HWY_RESTRICT q, const TK* HWY_RESTRIC
                               float* HWY_RESTRICT s, const TV* HWY_RESTRICT v_tile, size_t ldv,
                               size_t keys_left, bool prefetch) {
   const hn::ScalableTag<float> d;
-  const hn::CappedTag<float, 1> d1;
   const size_t N = hn::Lanes(d);
   const size_t lv = (kQ == 0 ? L / N : kQ) * N;  // columns in whole vectors; the rest lane by lane
   // (No arrays of vectors: SVE's are sizeless types.)
@@ -510,21 +536,10 @@ HWY_INLINE size_t RowScores8Q(const float* HWY_RESTRICT q, const TK* HWY_RESTRIC
     if constexpr (kQ > 7) acc = hn::MulAdd(q7, LoadF32(d, k_row + 7 * N), acc);
     return acc;
   };
-  size_t j = 0;
-  for (; j + 8 <= nj; j += 8) {
-    const TK* HWY_RESTRICT k0 = k_tile + j * ldk;
-    if (prefetch) {  // K/V from DRAM: K rows kPrefetchKeys8 ahead, this group's V rows
-      PrefetchGroup8(k0, ldk, L * sizeof(TK), v_tile + j * ldv, ldv, L * sizeof(TV),
-                     keys_left - j);
-    }
-    HWY_ALIGN float s8[8];
-    DotSums8(d, dot, k0, ldk, s8);
-    for (size_t c = lv; c < L; ++c) {
-      for (size_t t = 0; t < 8; ++t) s8[t] += q[c] * hn::GetLane(LoadF32(d1, k0 + t * ldk + c));
-    }
-    ScaleEight(s8, scale2, s + j);
-  }
-  return j;
+  return ScoreGroupsOf8(q, k_tile, ldk, nj, L, lv, scale2, s, v_tile, ldv, keys_left, prefetch,
+                        [&](const TK* HWY_RESTRICT k0, float* HWY_RESTRICT s8) {
+                          DotSums8(d, dot, k0, ldk, s8);
+                        });
 }
 
 #if HWY_ARCH_X86 && HWY_TARGET == HWY_AVX2
@@ -549,9 +564,7 @@ HWY_INLINE size_t RowScores4Q(const float* HWY_RESTRICT q, const TK* HWY_RESTRIC
                               float* HWY_RESTRICT s, const TV* HWY_RESTRICT v_tile, size_t ldv,
                               size_t keys_left, bool prefetch) {
   const hn::ScalableTag<float> d;
-  const hn::CappedTag<float, 1> d1;
   const size_t N = hn::Lanes(d);
-  const size_t lv = kQ * N;
   const auto q0 = hn::LoadU(d, q), q1 = hn::LoadU(d, q + N), q2 = hn::LoadU(d, q + 2 * N);
   const auto q3 = hn::LoadU(d, q + 3 * N), q4 = hn::LoadU(d, q + 4 * N);
   auto q5 = q4, q6 = q4, q7 = q4;
@@ -569,24 +582,13 @@ HWY_INLINE size_t RowScores4Q(const float* HWY_RESTRICT q, const TK* HWY_RESTRIC
     if constexpr (kQ > 7) acc = hn::MulAdd(q7, LoadF32(d, k_row + 7 * N), acc);
     return acc;
   };
-  size_t j = 0;
-  for (; j + 8 <= nj; j += 8) {
-    const TK* HWY_RESTRICT k0 = k_tile + j * ldk;
-    if (prefetch) {
-      PrefetchGroup8(k0, ldk, L * sizeof(TK), v_tile + j * ldv, ldv, L * sizeof(TV),
-                     keys_left - j);
-    }
-    HWY_ALIGN float s8[8];
+  return ScoreGroupsOf8(q, k_tile, ldk, nj, L, kQ * N, scale2, s, v_tile, ldv, keys_left,
+                        prefetch, [&](const TK* HWY_RESTRICT k0, float* HWY_RESTRICT s8) {
     for (size_t h = 0; h < 8; h += 4) {
       const TK* HWY_RESTRICT kh = k0 + h * ldk;
       StoreSumsOfLanes4(dot(kh), dot(kh + ldk), dot(kh + 2 * ldk), dot(kh + 3 * ldk), s8 + h);
     }
-    for (size_t c = lv; c < L; ++c) {
-      for (size_t t = 0; t < 8; ++t) s8[t] += q[c] * hn::GetLane(LoadF32(d1, k0 + t * ldk + c));
-    }
-    ScaleEight(s8, scale2, s + j);
-  }
-  return j;
+  });
 }
 #endif
 
