@@ -22,7 +22,6 @@ namespace headsum {
 HWY_EXPORT(SumHeadsTile);
 HWY_EXPORT(ChainTile);
 HWY_EXPORT(ChainBlock);
-HWY_EXPORT(ChainBlockScratch);
 HWY_EXPORT(ChainScratch);
 HWY_EXPORT(PackRowsOfO);
 HWY_EXPORT(PackedOFloats);
@@ -294,7 +293,8 @@ headsum_status ChainedSum(const ProjDims& p, const TensorView& heads, const WoSo
   const size_t row_blocks = CeilDiv(p.seq, mc), blocks = p.batch * row_blocks;
   const size_t groups = HWY_MIN(panels, CeilDiv(2 * threads, blocks));
   const size_t per_group = CeilDiv(panels, groups);
-  const size_t y_floats = (HWY_DISPATCH_TABLE(ChainBlockScratch)[t](y.dtype, mc) + 15) / 16 * 16;
+  // ChainBlock's partial sums of Y, [mc][kWoPanelCols], then the packed block.
+  const size_t y_floats = (mc * kWoPanelCols + 15) / 16 * 16;
   const size_t o_floats = HWY_DISPATCH_TABLE(PackedOFloats)[t](p, mc);
   const auto pack_o = HWY_DISPATCH_TABLE(PackRowsOfO)[t];
   return ParallelItems(blocks * groups, y_floats + o_floats, [&](size_t item, float* scratch) {

@@ -503,15 +503,12 @@ HWY_INLINE void ChainTileT(const ProjDims& p, const TensorView& heads,
   const auto store = [&](auto d, size_t r, size_t c, auto acc) {
     hn::StoreU(acc, d, y_tile + r * ldy + c);
   };
-  bool packed = false;
   if (pack_into != nullptr) {
     KSegments packing = every_head;
     packing.pack = pack_into;
     packing.pack_ld = cols;
     MatMulPackingB<kChainTileRows, kChainTileVecs>(rows, cols, L, o, lda, wo_c0, ldw, store, packing);
-    packed = true;
-  }
-  if (!packed) {
+  } else {
 #if HWY_TARGET != HWY_SCALAR
     // One or two rows (a decode step): the wide tile would leave 2-3 FMA
     // chains in flight, a latency-bound quarter of the FMA rate; spread the
@@ -592,10 +589,6 @@ inline void ChainTile(const ProjDims& p, const TensorView& heads, const void* wo
   });
 }
 
-// Floats of scratch ChainBlock needs (besides the packed block of O): Y's
-// partial sums in f32, [rows][kWoPanelCols].
-inline size_t ChainBlockScratch(DType, size_t rows) { return rows * kWoPanelCols; }
-
 // Y's rows [s0, s1) of batch b and columns [c0, c1), every gate 1, from
 // rows [s0, s1) of O packed by PackRowsOfO (o_packed) and one Wo panel
 // (columns [c0, c1), row stride ldw = c1 - c0: the plain call's f32 copy or
@@ -622,7 +615,7 @@ HWY_INLINE void ChainBlockT(const ProjDims& p, const float* HWY_RESTRICT o_packe
                             size_t s0, size_t s1, size_t c0, size_t c1, size_t kc,
                             float* HWY_RESTRICT scratch) {
   const size_t inner = p.inner(), rows = s1 - s0, cols = c1 - c0;
-  float* HWY_RESTRICT y_tile = scratch;
+  float* HWY_RESTRICT y_tile = scratch;  // [rows][cols], rows * kWoPanelCols floats
   const size_t ldy = cols;
   kc = HWY_MAX(kc, size_t{1});
   for (size_t k0 = 0; k0 < inner; k0 += kc) {
