@@ -1241,18 +1241,17 @@ constexpr size_t kGroupRows = 4;
 constexpr size_t kPvPrefetchKeys = 16;  // V rows prefetched ahead in P V (from DRAM)
 constexpr size_t kPvKeys = 32;          // keys per block of P V (their V rows stay in L1)
 
-// The grouped decode's prefetches for the key pair at j of a tile (K/V from
-// DRAM): the K rows kPrefetchKeys ahead (those of the keys_left keys from the
-// tile's first on), and the pair's own V rows.
+// The grouped decode's prefetches for the n keys from j of a tile (K/V from
+// DRAM): their K rows kPrefetchKeys ahead (those of the keys_left keys from
+// the tile's first on), and their own V rows.
 template <class T>
-HWY_INLINE void PrefetchGroupPair(const T* HWY_RESTRICT k_tile, size_t ldk,
-                                  const T* HWY_RESTRICT v_tile, size_t ldv, size_t j,
+HWY_INLINE void PrefetchGroupKeys(const T* HWY_RESTRICT k_tile, size_t ldk,
+                                  const T* HWY_RESTRICT v_tile, size_t ldv, size_t j, size_t n,
                                   size_t keys_left, size_t L) {
-  for (size_t ahead = j + kPrefetchKeys; ahead < j + kPrefetchKeys + 2; ++ahead) {
+  for (size_t ahead = j + kPrefetchKeys; ahead < j + kPrefetchKeys + n; ++ahead) {
     if (ahead < keys_left) PrefetchBytes(k_tile + ahead * ldk, L * sizeof(T));
   }
-  PrefetchBytes(v_tile + j * ldv, L * sizeof(T));
-  PrefetchBytes(v_tile + (j + 1) * ldv, L * sizeof(T));
+  for (size_t i = j; i < j + n; ++i) PrefetchBytes(v_tile + i * ldv, L * sizeof(T));
 }
 
 // One block of two vectors of columns of the grouped P V over keys
@@ -1332,7 +1331,7 @@ HWY_NOINLINE void FlashAttentionGroupByDot(const AttnDims& a, const float* HWY_R
     // each key's R weights from one place.
     // From DRAM: the K rows two keys ahead of a key pair, and its V rows.
     const auto prefetch_pair = [&](size_t j) {
-      if (a.prefetch_kv) PrefetchGroupPair(k_tile, ldk, v_tile, ldv, j, end - j0, L);
+      if (a.prefetch_kv) PrefetchGroupKeys(k_tile, ldk, v_tile, ldv, j, 2, end - j0, L);
     };
     size_t j = 0;
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
@@ -1371,6 +1370,45 @@ HWY_NOINLINE void FlashAttentionGroupByDot(const AttnDims& a, const float* HWY_R
         HWY_ALIGN float s01[2 * R];
         StoreSumsOfLanes8(d, a00, a01, a02, a03, a10, a11, a12, a13, s01);
         ScaleEight(s01, scale2, s_keys + j * R);
+      }
+    }
+#endif
+#if HWY_ARCH_X86 && HWY_TARGET == HWY_AVX2
+    // AVX2, f32 or f16 K and whole vectors: three keys at a time, 12
+    // chains.  With a pair's 8 chains the FMA latency (4 cycles, 2 ports)
+    // left no slack: a model of the loop with K in L1 (L=128, f16) took
+    // 13.0-13.2 ns a key, three keys 11.6-11.7 (the FMA floor is 10).  Each
+    // (row, key) chain and its reduction are the pair's, so the same bits.
+    // (bf16 K: the widening's temporaries do not fit beside 12 chains in 16
+    // registers; GCC spilled two of them.)
+    if constexpr (!std::is_same_v<T, hwy::bfloat16_t>) {
+      for (; lv == L && j + 3 <= nj; j += 3) {
+        if (a.prefetch_kv) PrefetchGroupKeys(k_tile, ldk, v_tile, ldv, j, 3, end - j0, L);
+        const T* HWY_RESTRICT k0 = k_tile + j * ldk;
+        const T* HWY_RESTRICT k1 = k0 + ldk;
+        const T* HWY_RESTRICT k2 = k1 + ldk;
+        auto a00 = hn::Zero(d), a01 = a00, a02 = a00, a03 = a00, a10 = a00, a11 = a00;
+        auto a12 = a00, a13 = a00, a20 = a00, a21 = a00, a22 = a00, a23 = a00;
+        for (size_t c = 0; c < L; c += N) {
+          const auto x0 = LoadF32(d, k0 + c), x1 = LoadF32(d, k1 + c), x2 = LoadF32(d, k2 + c);
+          const auto row = [&](size_t r, decltype(a00)& s0, decltype(a00)& s1,
+                               decltype(a00)& s2) {
+            auto q = hn::LoadU(d, q_blk + r * ldq + c);
+            KeepInRegister(q);
+            s0 = hn::MulAdd(q, x0, s0);
+            s1 = hn::MulAdd(q, x1, s1);
+            s2 = hn::MulAdd(q, x2, s2);
+          };
+          row(0, a00, a10, a20);
+          row(1, a01, a11, a21);
+          row(2, a02, a12, a22);
+          row(3, a03, a13, a23);
+        }
+        HWY_ALIGN float s012[3 * R];
+        StoreSumsOfLanes8(d, a00, a01, a02, a03, a10, a11, a12, a13, s012);
+        StoreSumsOfLanes4(a20, a21, a22, a23, s012 + 2 * R);
+        ScaleEight(s012, scale2, s_keys + j * R);
+        for (size_t r = 0; r < R; ++r) s_keys[(j + 2) * R + r] = s012[2 * R + r] * scale2;
       }
     }
 #endif
@@ -1598,7 +1636,7 @@ HWY_NOINLINE void FlashAttentionGroupByDotBf16Pairs(
     const T* HWY_RESTRICT v_tile = v_g + j0 * ldv;
     // From DRAM: the K rows kPrefetchKeys ahead of a key pair, and its V rows.
     const auto prefetch_pair = [&](size_t j) {
-      if (a.prefetch_kv) PrefetchGroupPair(k_tile, ldk, v_tile, ldv, j, end - j0, L);
+      if (a.prefetch_kv) PrefetchGroupKeys(k_tile, ldk, v_tile, ldv, j, 2, end - j0, L);
     };
     size_t j = 0;
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
