@@ -2030,23 +2030,25 @@ inline void FlashAttentionRows(const AttnDims& a, const AttnViews& views, size_t
       const float* HWY_RESTRICT s_c = f.s_t + c;
       const auto m_old = hn::LoadU(d, f.m + c);
       auto max0 = neg_inf, max1 = neg_inf, max2 = neg_inf, max3 = neg_inf;
-      auto bad0 = hn::Ne(hn::LoadU(d, f.bad + c), hn::Zero(d));
-      auto bad1 = bad0, bad2 = bad0, bad3 = bad0;
-      const auto see = [&](auto& max, auto& bad, size_t j) {
+      // Lanes whose row has seen no NaN or +inf: one chain of And (latency
+      // 1) is enough.  With four, as the maxima have, GCC spilled two of
+      // them on AVX2 and the loop ran at the store-to-load latency.
+      auto ok = hn::Eq(hn::LoadU(d, f.bad + c), hn::Zero(d));
+      const auto see = [&](auto& max, size_t j) {
         const auto s = hn::LoadU(d, s_c + j * ldw);
         max = hn::Max(max, s);
-        bad = hn::Or(bad, hn::Not(hn::Lt(s, pos_inf)));  // NaN or +inf
+        ok = hn::And(ok, hn::Lt(s, pos_inf));
       };
       size_t j = 0;
       for (; j + 4 <= nj; j += 4) {
-        see(max0, bad0, j);
-        see(max1, bad1, j + 1);
-        see(max2, bad2, j + 2);
-        see(max3, bad3, j + 3);
+        see(max0, j);
+        see(max1, j + 1);
+        see(max2, j + 2);
+        see(max3, j + 3);
       }
-      for (; j < nj; ++j) see(max0, bad0, j);
+      for (; j < nj; ++j) see(max0, j);
       const auto tile_max = hn::Max(hn::Max(max0, max1), hn::Max(max2, max3));
-      const auto bad = hn::Or(hn::Or(bad0, bad1), hn::Or(bad2, bad3));
+      const auto bad = hn::Not(ok);
       const auto m_new = hn::Max(m_old, tile_max);
       // Rows that have seen nothing finite shift by 0: exp(-inf - 0) = 0.
       const auto shift = hn::IfThenZeroElse(hn::Eq(m_new, neg_inf), m_new);
