@@ -162,20 +162,27 @@ HWY_INLINE void MicroTile(D d, size_t K, const float* HWY_RESTRICT a, size_t lda
   constexpr bool kPair01 = kPairs && kVecs > 1;
   constexpr bool kPair23 = kPairs && kVecs > 3;
   constexpr bool kPair45 = kPairs && kVecs > 5;
-  if (chain.init != nullptr && kPair01) {
-    hn::LoadInterleaved2(d, chain.init + col, i0, i1);
-    if constexpr (kVecs == 3) i2 = hn::LoadU(d, chain.init + col + 2 * N);
-    if constexpr (kPair23) hn::LoadInterleaved2(d, chain.init + col + 2 * N, i2, i3);
-    if constexpr (kVecs == 5) i4 = hn::LoadU(d, chain.init + col + 4 * N);
-    if constexpr (kPair45) hn::LoadInterleaved2(d, chain.init + col + 4 * N, i4, i5);
-  } else if (chain.init != nullptr) {
-    i0 = hn::LoadU(d, chain.init + col);
-    if constexpr (kVecs > 1) i1 = hn::LoadU(d, chain.init + col + N);
-    if constexpr (kVecs > 2) i2 = hn::LoadU(d, chain.init + col + 2 * N);
-    if constexpr (kVecs > 3) i3 = hn::LoadU(d, chain.init + col + 3 * N);
-    if constexpr (kVecs > 4) i4 = hn::LoadU(d, chain.init + col + 4 * N);
-    if constexpr (kVecs > 5) i5 = hn::LoadU(d, chain.init + col + 5 * N);
-  }
+  // The kVecs vectors of a row of starting sums at p, in the order the B
+  // vectors come in (bf16 pairs deinterleaved): the bias (init, the same in
+  // every row) and the per-row sums (init_rows) both load through here.
+  const auto load_row = [&](const float* HWY_RESTRICT p, V& v0, V& v1, V& v2, V& v3, V& v4,
+                            V& v5) {
+    if constexpr (kPair01) {
+      hn::LoadInterleaved2(d, p, v0, v1);
+      if constexpr (kVecs == 3) v2 = hn::LoadU(d, p + 2 * N);
+      if constexpr (kPair23) hn::LoadInterleaved2(d, p + 2 * N, v2, v3);
+      if constexpr (kVecs == 5) v4 = hn::LoadU(d, p + 4 * N);
+      if constexpr (kPair45) hn::LoadInterleaved2(d, p + 4 * N, v4, v5);
+    } else {
+      v0 = hn::LoadU(d, p);
+      if constexpr (kVecs > 1) v1 = hn::LoadU(d, p + N);
+      if constexpr (kVecs > 2) v2 = hn::LoadU(d, p + 2 * N);
+      if constexpr (kVecs > 3) v3 = hn::LoadU(d, p + 3 * N);
+      if constexpr (kVecs > 4) v4 = hn::LoadU(d, p + 4 * N);
+      if constexpr (kVecs > 5) v5 = hn::LoadU(d, p + 5 * N);
+    }
+  };
+  if (chain.init != nullptr) load_row(chain.init + col, i0, i1, i2, i3, i4, i5);
   // Vectors 4 and 5 exist only in rows 0 and 1 (the few-row tiles).
   V c00 = i0, c01 = i1, c02 = i2, c03 = i3, c04 = i4, c05 = i5;
   V c10 = i0, c11 = i1, c12 = i2, c13 = i3, c14 = i4, c15 = i5;
@@ -186,23 +193,14 @@ HWY_INLINE void MicroTile(D d, size_t K, const float* HWY_RESTRICT a, size_t lda
   V c60 = i0, c61 = i1, c62 = i2, c63 = i3;
   V c70 = i0, c71 = i1, c72 = i2, c73 = i3;
   if (chain.init_rows != nullptr) {
-    const auto load_vecs = [&](const float* HWY_RESTRICT p, V& v0, V& v1, V& v2, V& v3) {
-      if constexpr (kPair01) {
-        hn::LoadInterleaved2(d, p, v0, v1);
-      } else {
-        v0 = hn::LoadU(d, p);
-        if constexpr (kVecs > 1) v1 = hn::LoadU(d, p + N);
-      }
-      if constexpr (kVecs == 3 || (kVecs > 3 && !kPair23)) v2 = hn::LoadU(d, p + 2 * N);
-      if constexpr (kVecs > 3 && !kPair23) v3 = hn::LoadU(d, p + 3 * N);
-      if constexpr (kPair23) hn::LoadInterleaved2(d, p + 2 * N, v2, v3);
-    };
     const float* HWY_RESTRICT p = chain.init_rows + col;
     const size_t ld = chain.init_ld;
+    V unused4 = i4, unused5 = i5;  // rows 2..7 have at most 4 vectors (static_assert above)
+    if constexpr (kRows > 0) load_row(p, c00, c01, c02, c03, c04, c05);
+    if constexpr (kRows > 1) load_row(p + ld, c10, c11, c12, c13, c14, c15);
 #define HEADSUM_ROW_INIT(r) \
-    if constexpr (kRows > r) load_vecs(p + r * ld, c##r##0, c##r##1, c##r##2, c##r##3);
-    HEADSUM_ROW_INIT(0)
-    HEADSUM_ROW_INIT(1)
+    if constexpr (kRows > r) \
+      load_row(p + r * ld, c##r##0, c##r##1, c##r##2, c##r##3, unused4, unused5);
     HEADSUM_ROW_INIT(2)
     HEADSUM_ROW_INIT(3)
     HEADSUM_ROW_INIT(4)
@@ -210,18 +208,6 @@ HWY_INLINE void MicroTile(D d, size_t K, const float* HWY_RESTRICT a, size_t lda
     HEADSUM_ROW_INIT(6)
     HEADSUM_ROW_INIT(7)
 #undef HEADSUM_ROW_INIT
-    if constexpr (kVecs > 4) {  // rows 0 and 1 only
-      const auto load_45 = [&](const float* HWY_RESTRICT q, V& v4, V& v5) {
-        if constexpr (kPair45) {
-          hn::LoadInterleaved2(d, q, v4, v5);
-        } else {
-          v4 = hn::LoadU(d, q);
-          if constexpr (kVecs > 5) v5 = hn::LoadU(d, q + N);
-        }
-      };
-      load_45(p + 4 * N, c04, c05);
-      if constexpr (kRows > 1) load_45(p + ld + 4 * N, c14, c15);
-    }
   }
   const size_t quad = chain.a_quad != 0 ? chain.a_quad : 4 * lda;
   for (size_t s = 0; s < chain.segments; ++s) {
