@@ -247,7 +247,6 @@ HWY_INLINE void RowSweep(size_t segments, size_t L, const float* HWY_RESTRICT a,
   using V = hn::Vec<decltype(d)>;
   const size_t N = hn::Lanes(d);
   constexpr bool kPairs = kLoadsBf16Pairs<TB>;
-  const auto load2 = [&](const TB* HWY_RESTRICT p, V& x0, V& x1) { SweepLoad2(d, p, x0, x1); };
   SweepStart<kPairs>(d, init, cols, y);
   const size_t row_bytes = cols * sizeof(TB);
   const size_t K = segments * L;
@@ -280,7 +279,7 @@ HWY_INLINE void RowSweep(size_t segments, size_t L, const float* HWY_RESTRICT a,
         V y0 = hn::LoadU(d, y + c), y1 = hn::LoadU(d, y + c + N);
         const auto add = [&](const TB* HWY_RESTRICT row, V wi, V& acc0, V& acc1) {
           V x0, x1;
-          load2(row + c, x0, x1);
+          SweepLoad2(d, row + c, x0, x1);
           acc0 = hn::MulAdd(wi, x0, acc0);
           acc1 = hn::MulAdd(wi, x1, acc1);
         };
@@ -297,7 +296,7 @@ HWY_INLINE void RowSweep(size_t segments, size_t L, const float* HWY_RESTRICT a,
       const TB* HWY_RESTRICT r = bs + l * ldb;
       for (size_t c = 0; c < cols; c += 2 * N) {
         V x0, x1;
-        load2(r + c, x0, x1);
+        SweepLoad2(d, r + c, x0, x1);
         hn::StoreU(hn::MulAdd(w, x0, hn::LoadU(d, y + c)), d, y + c);
         hn::StoreU(hn::MulAdd(w, x1, hn::LoadU(d, y + c + N)), d, y + c + N);
       }
@@ -339,7 +338,6 @@ HWY_INLINE void BlockSweep(size_t segments, size_t L, const float* HWY_RESTRICT 
   using V = hn::Vec<decltype(d)>;
   const size_t N = hn::Lanes(d);
   constexpr bool kPairs = kLoadsBf16Pairs<TB>;
-  const auto load2 = [&](const TB* HWY_RESTRICT p, V& x0, V& x1) { SweepLoad2(d, p, x0, x1); };
   SweepStart<kPairs>(d, init, cols, y);
   const size_t row_bytes = cols * sizeof(TB);
   const size_t chunk = 2 * N * kChunkPairs;
@@ -380,16 +378,17 @@ HWY_INLINE void BlockSweep(size_t segments, size_t L, const float* HWY_RESTRICT 
         pf_ptr += 64;
       }
     };
-    size_t c = 0;
-    for (; c + chunk <= cols; c += chunk) {
+    // Columns [c, c + 2N kP) over the block's rows, their sums in registers.
+    const auto run_chunk = [&](auto pairs, size_t c) {
+      constexpr size_t kP = decltype(pairs)::value;
       prefetch_some();
       V y0 = hn::LoadU(d, y + c), y1 = hn::LoadU(d, y + c + N);
       V y2 = y0, y3 = y1, y4 = y0, y5 = y1;
-      if constexpr (kChunkPairs > 1) {
+      if constexpr (kP > 1) {
         y2 = hn::LoadU(d, y + c + 2 * N);
         y3 = hn::LoadU(d, y + c + 3 * N);
       }
-      if constexpr (kChunkPairs > 2) {
+      if constexpr (kP > 2) {
         y4 = hn::LoadU(d, y + c + 4 * N);
         y5 = hn::LoadU(d, y + c + 5 * N);
       }
@@ -397,45 +396,36 @@ HWY_INLINE void BlockSweep(size_t segments, size_t L, const float* HWY_RESTRICT 
       for (size_t i = 0; i < rows; ++i, r += ldb) {
         const V w = hn::Set(d, as[i]);
         V x0, x1;
-        load2(r, x0, x1);
+        SweepLoad2(d, r, x0, x1);
         y0 = hn::MulAdd(w, x0, y0);
         y1 = hn::MulAdd(w, x1, y1);
-        if constexpr (kChunkPairs > 1) {
-          load2(r + 2 * N, x0, x1);
+        if constexpr (kP > 1) {
+          SweepLoad2(d, r + 2 * N, x0, x1);
           y2 = hn::MulAdd(w, x0, y2);
           y3 = hn::MulAdd(w, x1, y3);
         }
-        if constexpr (kChunkPairs > 2) {
-          load2(r + 4 * N, x0, x1);
+        if constexpr (kP > 2) {
+          SweepLoad2(d, r + 4 * N, x0, x1);
           y4 = hn::MulAdd(w, x0, y4);
           y5 = hn::MulAdd(w, x1, y5);
         }
       }
       hn::StoreU(y0, d, y + c);
       hn::StoreU(y1, d, y + c + N);
-      if constexpr (kChunkPairs > 1) {
+      if constexpr (kP > 1) {
         hn::StoreU(y2, d, y + c + 2 * N);
         hn::StoreU(y3, d, y + c + 3 * N);
       }
-      if constexpr (kChunkPairs > 2) {
+      if constexpr (kP > 2) {
         hn::StoreU(y4, d, y + c + 4 * N);
         hn::StoreU(y5, d, y + c + 5 * N);
       }
+    };
+    size_t c = 0;
+    for (; c + chunk <= cols; c += chunk) {
+      run_chunk(std::integral_constant<size_t, kChunkPairs>(), c);
     }
-    for (; c < cols; c += 2 * N) {
-      prefetch_some();
-      V y0 = hn::LoadU(d, y + c), y1 = hn::LoadU(d, y + c + N);
-      const TB* HWY_RESTRICT r = bs + c;
-      for (size_t i = 0; i < rows; ++i, r += ldb) {
-        const V w = hn::Set(d, as[i]);
-        V x0, x1;
-        load2(r, x0, x1);
-        y0 = hn::MulAdd(w, x0, y0);
-        y1 = hn::MulAdd(w, x1, y1);
-      }
-      hn::StoreU(y0, d, y + c);
-      hn::StoreU(y1, d, y + c + N);
-    }
+    for (; c < cols; c += 2 * N) run_chunk(std::integral_constant<size_t, 1>(), c);
     k0 += rows;
   }
   SweepFinish<kPairs>(d, y, cols, out);
