@@ -1329,9 +1329,10 @@ HWY_NOINLINE void FlashAttentionGroupByDot(const AttnDims& a, const float* HWY_R
     // S[r][j] = scale2 q_r . k_j at s_keys[j * R + r]: key-major, as the
     // reduction of a key pair gives them (one store), and the P V loop reads
     // each key's R weights from one place.
-    // From DRAM: the K rows two keys ahead of a key pair, and its V rows.
-    const auto prefetch_pair = [&](size_t j) {
-      if (a.prefetch_kv) PrefetchGroupKeys(k_tile, ldk, v_tile, ldv, j, 2, end - j0, L);
+    // From DRAM: the K rows kPrefetchKeys ahead of the n keys from j, and
+    // their V rows.
+    const auto prefetch_keys = [&](size_t j, size_t n) {
+      if (a.prefetch_kv) PrefetchGroupKeys(k_tile, ldk, v_tile, ldv, j, n, end - j0, L);
     };
     size_t j = 0;
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
@@ -1346,7 +1347,7 @@ HWY_NOINLINE void FlashAttentionGroupByDot(const AttnDims& a, const float* HWY_R
       const auto q20 = qv(2, 0), q21 = qv(2, 1), q22 = qv(2, 2), q23 = qv(2, 3);
       const auto q30 = qv(3, 0), q31 = qv(3, 1), q32 = qv(3, 2), q33 = qv(3, 3);
       for (; j + 2 <= nj; j += 2) {
-        prefetch_pair(j);
+        prefetch_keys(j, 2);
         const T* HWY_RESTRICT k0 = k_tile + j * ldk;
         const T* HWY_RESTRICT k1 = k0 + ldk;
         auto a00 = hn::Zero(d), a01 = hn::Zero(d), a02 = hn::Zero(d), a03 = hn::Zero(d);
@@ -1383,7 +1384,7 @@ HWY_NOINLINE void FlashAttentionGroupByDot(const AttnDims& a, const float* HWY_R
     // registers; GCC spilled two of them.)
     if constexpr (!std::is_same_v<T, hwy::bfloat16_t>) {
       for (; lv == L && j + 3 <= nj; j += 3) {
-        if (a.prefetch_kv) PrefetchGroupKeys(k_tile, ldk, v_tile, ldv, j, 3, end - j0, L);
+        prefetch_keys(j, 3);
         const T* HWY_RESTRICT k0 = k_tile + j * ldk;
         const T* HWY_RESTRICT k1 = k0 + ldk;
         const T* HWY_RESTRICT k2 = k1 + ldk;
@@ -1413,7 +1414,7 @@ HWY_NOINLINE void FlashAttentionGroupByDot(const AttnDims& a, const float* HWY_R
     }
 #endif
     for (; j + 2 <= nj; j += 2) {
-      prefetch_pair(j);
+      prefetch_keys(j, 2);
       const T* HWY_RESTRICT k0 = k_tile + j * ldk;
       const T* HWY_RESTRICT k1 = k0 + ldk;
       auto a00 = hn::Zero(d), a01 = hn::Zero(d), a02 = hn::Zero(d), a03 = hn::Zero(d);
