@@ -1254,57 +1254,64 @@ HWY_INLINE void PrefetchGroupKeys(const T* HWY_RESTRICT k_tile, size_t ldk,
   for (size_t i = j; i < j + n; ++i) PrefetchBytes(v_tile + i * ldv, L * sizeof(T));
 }
 
-// One block of two vectors of columns of the grouped P V over keys
-// [jb, jb + nb) of a tile: o_tmp[r][cc, cc + 2N) (+)= sum_j P[r][j] V[j]
-// for the kGroupRows rows, the sums carried in o_tmp from one key block to
-// the next (started at zero when `first`).  load2(v, x0, x1) reads the two
-// vectors of V at v (in column order, or as deinterleaved pairs: the sums
-// then come out in that order); prefetch(j) is called once per key when
-// `prefetching`.
-template <class T, class Load2, class Prefetch>
-HWY_INLINE void GroupPvBlock2(const Load2& load2, const T* HWY_RESTRICT v_tile, size_t ldv,
-                              const float* HWY_RESTRICT s_keys, size_t jb, size_t nb,
-                              size_t cc, size_t L, bool first, bool prefetching,
-                              const Prefetch& prefetch, float* HWY_RESTRICT o_tmp) {
+// One block of kVecs (2 or 3) vectors of columns of the grouped P V over
+// keys [jb, jb + nb) of a tile: o_tmp[r][cc, cc + kVecs N) (+)= sum_j
+// P[r][j] V[j] for the kGroupRows rows, the sums carried in o_tmp from one
+// key block to the next (started at zero when `first`).  load(v, x0, x1,
+// x2) reads the kVecs vectors of V at v (in column order, or as
+// deinterleaved pairs: the sums then come out in that order; x2 only when
+// kVecs = 3); prefetch(j) is called once per key when `prefetching`.
+template <size_t kVecs, class T, class Load, class Prefetch>
+HWY_INLINE void GroupPvBlock(const Load& load, const T* HWY_RESTRICT v_tile, size_t ldv,
+                             const float* HWY_RESTRICT s_keys, size_t jb, size_t nb,
+                             size_t cc, size_t L, bool first, bool prefetching,
+                             const Prefetch& prefetch, float* HWY_RESTRICT o_tmp) {
+  static_assert(kVecs == 2 || kVecs == 3, "two or three vectors of columns");
   constexpr size_t R = kGroupRows;
   const hn::ScalableTag<float> d;
   using V = hn::Vec<decltype(d)>;
   const size_t N = hn::Lanes(d);
-  const auto load = [&](size_t r, size_t x) {
-    return first ? hn::Zero(d) : hn::LoadU(d, o_tmp + r * L + cc + x);
+  const auto start = [&](size_t r, size_t x) {
+    return first ? hn::Zero(d) : hn::LoadU(d, o_tmp + r * L + cc + x * N);
   };
-  V o00 = load(0, 0), o01 = load(0, N), o10 = load(1, 0), o11 = load(1, N);
-  V o20 = load(2, 0), o21 = load(2, N), o30 = load(3, 0), o31 = load(3, N);
+  V o00 = start(0, 0), o01 = start(0, 1), o10 = start(1, 0), o11 = start(1, 1);
+  V o20 = start(2, 0), o21 = start(2, 1), o30 = start(3, 0), o31 = start(3, 1);
+  V o02 = o00, o12 = o00, o22 = o00, o32 = o00;
+  if constexpr (kVecs == 3) {
+    o02 = start(0, 2);
+    o12 = start(1, 2);
+    o22 = start(2, 2);
+    o32 = start(3, 2);
+  }
   const T* HWY_RESTRICT v_c = v_tile + jb * ldv + cc;
   const float* HWY_RESTRICT p_j = s_keys + jb * R;
-  // One weight register at a time (8 accumulators + 2 V vectors + 1): with
-  // all four weights live GCC spilled an accumulator to the stack and the
-  // loop ran at the store-to-load latency.
+  // One weight register at a time (8 or 12 accumulators + the V vectors +
+  // 1): with all four weights live GCC spilled an accumulator to the stack
+  // and the loop ran at the store-to-load latency.
   for (size_t jj = 0; jj < nb; ++jj, v_c += ldv, p_j += R) {
     if (prefetching) prefetch(jb + jj);
-    V x0, x1;
-    load2(v_c, x0, x1);
-    auto p = hn::Set(d, p_j[0]);
-    o00 = hn::MulAdd(p, x0, o00);
-    o01 = hn::MulAdd(p, x1, o01);
-    p = hn::Set(d, p_j[1]);
-    o10 = hn::MulAdd(p, x0, o10);
-    o11 = hn::MulAdd(p, x1, o11);
-    p = hn::Set(d, p_j[2]);
-    o20 = hn::MulAdd(p, x0, o20);
-    o21 = hn::MulAdd(p, x1, o21);
-    p = hn::Set(d, p_j[3]);
-    o30 = hn::MulAdd(p, x0, o30);
-    o31 = hn::MulAdd(p, x1, o31);
+    V x0, x1, x2;
+    load(v_c, x0, x1, x2);
+    const auto add = [&](float w, V& y0, V& y1, V& y2) {
+      const V p = hn::Set(d, w);
+      y0 = hn::MulAdd(p, x0, y0);
+      y1 = hn::MulAdd(p, x1, y1);
+      if constexpr (kVecs == 3) y2 = hn::MulAdd(p, x2, y2);
+    };
+    add(p_j[0], o00, o01, o02);
+    add(p_j[1], o10, o11, o12);
+    add(p_j[2], o20, o21, o22);
+    add(p_j[3], o30, o31, o32);
   }
-  const auto store = [&](size_t r, V lo, V hi) {
-    hn::StoreU(lo, d, o_tmp + r * L + cc);
-    hn::StoreU(hi, d, o_tmp + r * L + cc + N);
+  const auto store = [&](size_t r, V y0, V y1, V y2) {
+    hn::StoreU(y0, d, o_tmp + r * L + cc);
+    hn::StoreU(y1, d, o_tmp + r * L + cc + N);
+    if constexpr (kVecs == 3) hn::StoreU(y2, d, o_tmp + r * L + cc + 2 * N);
   };
-  store(0, o00, o01);
-  store(1, o10, o11);
-  store(2, o20, o21);
-  store(3, o30, o31);
+  store(0, o00, o01, o02);
+  store(1, o10, o11, o12);
+  store(2, o20, o21, o22);
+  store(3, o30, o31, o32);
 }
 
 template <class T>
@@ -1555,14 +1562,31 @@ HWY_NOINLINE void FlashAttentionGroupByDot(const AttnDims& a, const float* HWY_R
       for (size_t jb = 0; jb < nj; jb += kPvKeys) {
         const size_t nb = nj - jb < kPvKeys ? nj - jb : kPvKeys;
         const bool first = jb == 0;
+        using V = hn::Vec<decltype(d)>;
+        const auto load = [&](const T* HWY_RESTRICT v, V& x0, V& x1, V& x2) {
+          x0 = LoadF32(d, v);
+          x1 = LoadF32(d, v + N);
+          x2 = x0;
+        };
         size_t cc = c;
-        for (; cc + 2 * N <= lv; cc += 2 * N) {  // two vectors: 8 accumulators
-          GroupPvBlock2(
-              [&](const T* HWY_RESTRICT v, hn::Vec<decltype(d)>& x0, hn::Vec<decltype(d)>& x1) {
+#if HWY_ARCH_X86 && HWY_TARGET == HWY_AVX2
+        // AVX2: three vectors at a time (12 chains; a pair's 8 leave the FMA
+        // latency no slack, as in the scores above) while more than four
+        // remain (L = 128: four triples, then two pairs).  Each column's
+        // chain is the pair's: the same bits.
+        for (; cc + 3 * N <= lv && lv - cc != 4 * N; cc += 3 * N) {
+          GroupPvBlock<3>(
+              [&](const T* HWY_RESTRICT v, V& x0, V& x1, V& x2) {
                 x0 = LoadF32(d, v);
                 x1 = LoadF32(d, v + N);
+                x2 = LoadF32(d, v + 2 * N);
               },
               v_tile, ldv, s_keys, jb, nb, cc, L, first, cc == 0, prefetch_v, o_tmp);
+        }
+#endif
+        for (; cc + 2 * N <= lv; cc += 2 * N) {  // two vectors: 8 accumulators
+          GroupPvBlock<2>(load, v_tile, ldv, s_keys, jb, nb, cc, L, first, cc == 0, prefetch_v,
+                          o_tmp);
         }
         for (; cc + N <= lv; cc += N) block(d, cc, jb, nb);
         for (; cc < L; ++cc) block(d1, cc, jb, nb);
@@ -1781,8 +1805,9 @@ HWY_NOINLINE void FlashAttentionGroupByDotBf16Pairs(
       const size_t nb = nj - jb < kPvKeys ? nj - jb : kPvKeys;
       const bool first = jb == 0;
       for (size_t cc = 0; cc < L; cc += N2) {
-        GroupPvBlock2([&](const T* HWY_RESTRICT v, V& x0, V& x1) { LoadBf16Pair(d, v, x0, x1); },
-                      v_tile, ldv, s_keys, jb, nb, cc, L, first, cc == 0, prefetch_v, o_tmp);
+        GroupPvBlock<2>(
+            [&](const T* HWY_RESTRICT v, V& x0, V& x1, V&) { LoadBf16Pair(d, v, x0, x1); },
+            v_tile, ldv, s_keys, jb, nb, cc, L, first, cc == 0, prefetch_v, o_tmp);
       }
     }
     for (size_t r = 0; r < R; ++r) {  // acc = corr acc + P V, back in column order
