@@ -1241,17 +1241,65 @@ constexpr size_t kGroupRows = 4;
 constexpr size_t kPvPrefetchKeys = 16;  // V rows prefetched ahead in P V (from DRAM)
 constexpr size_t kPvKeys = 32;          // keys per block of P V (their V rows stay in L1)
 
-// The grouped decode's prefetches for the n keys from j of a tile (K/V from
-// DRAM): their K rows kPrefetchKeys ahead (those of the keys_left keys from
-// the tile's first on), and their own V rows.
+// The grouped decode's prefetches in its scores loop for the n keys from j
+// of a tile (K/V from DRAM): their K rows kPrefetchKeys ahead (those of the
+// keys_left keys from the tile's first on), and the V rows of those of them
+// below v_keys (the tile's first block of P V where P V prefetches each next
+// block's V rows itself: see FlashAttentionGroupByDot).
 template <class T>
 HWY_INLINE void PrefetchGroupKeys(const T* HWY_RESTRICT k_tile, size_t ldk,
                                   const T* HWY_RESTRICT v_tile, size_t ldv, size_t j, size_t n,
-                                  size_t keys_left, size_t L) {
+                                  size_t keys_left, size_t L, size_t v_keys) {
   for (size_t ahead = j + kPrefetchKeys; ahead < j + kPrefetchKeys + n; ++ahead) {
     if (ahead < keys_left) PrefetchBytes(k_tile + ahead * ldk, L * sizeof(T));
   }
-  for (size_t i = j; i < j + n; ++i) PrefetchBytes(v_tile + i * ldv, L * sizeof(T));
+  for (size_t i = j; i < j + n; ++i) {
+    if (i < v_keys) PrefetchBytes(v_tile + i * ldv, L * sizeof(T));
+  }
+}
+
+// The lines of `rows` rows of `bytes` bytes each, `ld` bytes apart from
+// `first`, prefetched in address order, n lines a call to Some.
+class RowLinePrefetcher {
+ public:
+  RowLinePrefetcher(const void* first, size_t ld, size_t bytes, size_t rows)
+      : row_(static_cast<const char*>(first)), ld_(ld), bytes_(bytes), rows_left_(rows) {
+    if (rows_left_ != 0) Start();
+  }
+  HWY_INLINE void Some(size_t n) {
+    for (size_t i = 0; i < n && rows_left_ != 0; ++i) {
+      hwy::Prefetch(ptr_);
+      asm volatile("" : : "r"(ptr_));  // GCC 12 deletes prefetch-only loops
+      ptr_ += 64;
+      if (ptr_ >= row_ + bytes_) {  // the row's last line: on to the next row
+        if (--rows_left_ == 0) return;
+        row_ += ld_;
+        Start();
+      }
+    }
+  }
+
+ private:
+  void Start() {
+    ptr_ = reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(row_) & ~uintptr_t{63});
+  }
+  const char* row_;
+  const char* ptr_ = nullptr;
+  size_t ld_, bytes_, rows_left_;
+};
+
+// Vectors of columns the grouped P V takes at a time from column cc (lv
+// columns in whole vectors of N): on AVX2 three (12 FMA chains: a pair's 8
+// leave the FMA latency no slack, as in the scores) while more than four
+// remain (L = 128: four triples, then two pairs); else two.
+inline size_t GroupPvVecs(size_t cc, size_t lv, size_t N) {
+#if HWY_ARCH_X86 && HWY_TARGET == HWY_AVX2
+  if (cc + 3 * N <= lv && lv - cc != 4 * N) return 3;
+#endif
+  (void)cc;
+  (void)lv;
+  (void)N;
+  return 2;
 }
 
 // One block of kVecs (2 or 3) vectors of columns of the grouped P V over
@@ -1329,6 +1377,25 @@ HWY_NOINLINE void FlashAttentionGroupByDot(const AttnDims& a, const float* HWY_R
   const size_t end = visible < key_end ? visible : key_end;
   const float scale2 = Base2Scale(a);
   const size_t lv = L / N * N;  // columns in whole vectors; the rest lane by lane
+  // P V's passes of two or three vectors of columns over a block of keys
+  // (none: one pass over all the keys, or narrower ones only).  With them,
+  // K/V from DRAM, P V prefetches each next block's V rows, spread over the
+  // block's passes (a block, ~400 ns at L = 128, ahead), and the scores
+  // loop only the first block's; without them the scores loop prefetches
+  // all the tile's V rows.  (Until the twentieth session the scores loop
+  // prefetched them all, so it asked for twice the bytes a key that P V
+  // asked for (none: V in L2): memory and arithmetic overlapped only in
+  // part.  H=32 Hkv=8 L=128 Skv=32768, Zen 3 VM, 5 alternated rounds,
+  // medians: f16 one thread 10.49 -> 9.63 ms, two threads 5.93 -> 5.09,
+  // f32 one thread 21.08 -> 18.59.)
+  size_t pv_passes = 0;
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+  if (L != 4 * N)
+#endif
+  {
+    for (size_t cc = 0; cc + 2 * N <= lv; cc += GroupPvVecs(cc, lv, N) * N) ++pv_passes;
+  }
+  const size_t v_keys = pv_passes == 0 ? kDotKeyTile : kPvKeys;
   for (size_t j0 = key_begin; j0 < end; j0 += kDotKeyTile) {
     const size_t nj = end - j0 < kDotKeyTile ? end - j0 : kDotKeyTile;
     const T* HWY_RESTRICT k_tile = k_g + j0 * ldk;
@@ -1337,9 +1404,9 @@ HWY_NOINLINE void FlashAttentionGroupByDot(const AttnDims& a, const float* HWY_R
     // reduction of a key pair gives them (one store), and the P V loop reads
     // each key's R weights from one place.
     // From DRAM: the K rows kPrefetchKeys ahead of the n keys from j, and
-    // their V rows.
+    // their V rows below v_keys.
     const auto prefetch_keys = [&](size_t j, size_t n) {
-      if (a.prefetch_kv) PrefetchGroupKeys(k_tile, ldk, v_tile, ldv, j, n, end - j0, L);
+      if (a.prefetch_kv) PrefetchGroupKeys(k_tile, ldk, v_tile, ldv, j, n, end - j0, L, v_keys);
     };
     size_t j = 0;
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
@@ -1563,30 +1630,39 @@ HWY_NOINLINE void FlashAttentionGroupByDot(const AttnDims& a, const float* HWY_R
         const size_t nb = nj - jb < kPvKeys ? nj - jb : kPvKeys;
         const bool first = jb == 0;
         using V = hn::Vec<decltype(d)>;
-        const auto load = [&](const T* HWY_RESTRICT v, V& x0, V& x1, V& x2) {
-          x0 = LoadF32(d, v);
-          x1 = LoadF32(d, v + N);
-          x2 = x0;
-        };
+        // From DRAM: the next block's V rows, a share of their lines a key
+        // in each pass.
+        const size_t next = jb + kPvKeys;
+        const size_t n_next = a.prefetch_kv && pv_passes != 0 && next < nj
+                                  ? HWY_MIN(kPvKeys, nj - next) : 0;
+        RowLinePrefetcher next_v(n_next != 0 ? v_tile + next * ldv : v_tile, ldv * sizeof(T),
+                                 L * sizeof(T), n_next);
+        const size_t row_lines = (L * sizeof(T) + 63) / 64 + 1;
+        const size_t per_key =
+            n_next == 0 ? 0 : (n_next * row_lines + pv_passes * nb - 1) / (pv_passes * nb);
+        const auto prefetch = [&](size_t) { next_v.Some(per_key); };
         size_t cc = c;
+        while (cc + 2 * N <= lv) {  // each column's chain is the same in any pass width
 #if HWY_ARCH_X86 && HWY_TARGET == HWY_AVX2
-        // AVX2: three vectors at a time (12 chains; a pair's 8 leave the FMA
-        // latency no slack, as in the scores above) while more than four
-        // remain (L = 128: four triples, then two pairs).  Each column's
-        // chain is the pair's: the same bits.
-        for (; cc + 3 * N <= lv && lv - cc != 4 * N; cc += 3 * N) {
-          GroupPvBlock<3>(
-              [&](const T* HWY_RESTRICT v, V& x0, V& x1, V& x2) {
+          if (GroupPvVecs(cc, lv, N) == 3) {
+            GroupPvBlock<3>(
+                [&](const T* HWY_RESTRICT v, V& x0, V& x1, V& x2) {
+                  x0 = LoadF32(d, v);
+                  x1 = LoadF32(d, v + N);
+                  x2 = LoadF32(d, v + 2 * N);
+                },
+                v_tile, ldv, s_keys, jb, nb, cc, L, first, n_next != 0, prefetch, o_tmp);
+            cc += 3 * N;
+            continue;
+          }
+#endif
+          GroupPvBlock<2>(
+              [&](const T* HWY_RESTRICT v, V& x0, V& x1, V&) {
                 x0 = LoadF32(d, v);
                 x1 = LoadF32(d, v + N);
-                x2 = LoadF32(d, v + 2 * N);
               },
-              v_tile, ldv, s_keys, jb, nb, cc, L, first, cc == 0, prefetch_v, o_tmp);
-        }
-#endif
-        for (; cc + 2 * N <= lv; cc += 2 * N) {  // two vectors: 8 accumulators
-          GroupPvBlock<2>(load, v_tile, ldv, s_keys, jb, nb, cc, L, first, cc == 0, prefetch_v,
-                          o_tmp);
+              v_tile, ldv, s_keys, jb, nb, cc, L, first, n_next != 0, prefetch, o_tmp);
+          cc += 2 * N;
         }
         for (; cc + N <= lv; cc += N) block(d, cc, jb, nb);
         for (; cc < L; ++cc) block(d1, cc, jb, nb);
@@ -1661,7 +1737,7 @@ HWY_NOINLINE void FlashAttentionGroupByDotBf16Pairs(
     const T* HWY_RESTRICT v_tile = v_g + j0 * ldv;
     // From DRAM: the K rows kPrefetchKeys ahead of a key pair, and its V rows.
     const auto prefetch_pair = [&](size_t j) {
-      if (a.prefetch_kv) PrefetchGroupKeys(k_tile, ldk, v_tile, ldv, j, 2, end - j0, L);
+      if (a.prefetch_kv) PrefetchGroupKeys(k_tile, ldk, v_tile, ldv, j, 2, end - j0, L, nj);
     };
     size_t j = 0;
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
