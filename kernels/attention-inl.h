@@ -1731,13 +1731,21 @@ HWY_NOINLINE void FlashAttentionGroupByDotBf16Pairs(
     }
   }
   HWY_ALIGN float pair[2 * HWY_MAX_BYTES / sizeof(float)];
+  // P V's passes over a block of keys, and the V rows the scores loop
+  // prefetches, as in FlashAttentionGroupByDot.
+  size_t pv_passes = L / N2;
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+  if (L == 2 * N2) pv_passes = 0;  // one pass over all the keys
+#endif
+  const size_t v_keys = pv_passes == 0 ? kDotKeyTile : kPvKeys;
   for (size_t j0 = key_begin; j0 < end; j0 += kDotKeyTile) {
     const size_t nj = end - j0 < kDotKeyTile ? end - j0 : kDotKeyTile;
     const T* HWY_RESTRICT k_tile = k_g + j0 * ldk;
     const T* HWY_RESTRICT v_tile = v_g + j0 * ldv;
-    // From DRAM: the K rows kPrefetchKeys ahead of a key pair, and its V rows.
+    // From DRAM: the K rows kPrefetchKeys ahead of a key pair, and its V rows
+    // below v_keys.
     const auto prefetch_pair = [&](size_t j) {
-      if (a.prefetch_kv) PrefetchGroupKeys(k_tile, ldk, v_tile, ldv, j, 2, end - j0, L, nj);
+      if (a.prefetch_kv) PrefetchGroupKeys(k_tile, ldk, v_tile, ldv, j, 2, end - j0, L, v_keys);
     };
     size_t j = 0;
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
@@ -1880,10 +1888,19 @@ HWY_NOINLINE void FlashAttentionGroupByDotBf16Pairs(
     for (size_t jb = 0; jb < nj; jb += kPvKeys) {
       const size_t nb = nj - jb < kPvKeys ? nj - jb : kPvKeys;
       const bool first = jb == 0;
+      const size_t next = jb + kPvKeys;  // its V rows prefetched from DRAM
+      const size_t n_next =
+          a.prefetch_kv && pv_passes != 0 && next < nj ? HWY_MIN(kPvKeys, nj - next) : 0;
+      RowLinePrefetcher next_v(n_next != 0 ? v_tile + next * ldv : v_tile, ldv * sizeof(T),
+                               L * sizeof(T), n_next);
+      const size_t row_lines = (L * sizeof(T) + 63) / 64 + 1;
+      const size_t per_key =
+          n_next == 0 ? 0 : (n_next * row_lines + pv_passes * nb - 1) / (pv_passes * nb);
+      const auto prefetch = [&](size_t) { next_v.Some(per_key); };
       for (size_t cc = 0; cc < L; cc += N2) {
         GroupPvBlock<2>(
             [&](const T* HWY_RESTRICT v, V& x0, V& x1, V&) { LoadBf16Pair(d, v, x0, x1); },
-            v_tile, ldv, s_keys, jb, nb, cc, L, first, cc == 0, prefetch_v, o_tmp);
+            v_tile, ldv, s_keys, jb, nb, cc, L, first, n_next != 0, prefetch, o_tmp);
       }
     }
     for (size_t r = 0; r < R; ++r) {  // acc = corr acc + P V, back in column order
