@@ -1536,10 +1536,12 @@ HWY_NOINLINE void FlashAttentionGroupByDot(const AttnDims& a, const float* HWY_R
     bool use[R];
     if (!GroupTileSoftmax<R>(s_keys, nj, m, l, bad, corr, use)) continue;
     // acc[r] = corr[r] acc[r] + sum_j P[r][j] V[j].
-    // From DRAM: P V prefetches each V row kPvPrefetchKeys keys ahead.  (The
-    // scores loop's prefetches of V, up to a tile of keys earlier, did not
-    // keep them: on a Sapphire Rapids VM, H=32 Hkv=8 L=128 Skv=32768 bf16
-    // K/V, one thread, the loads of V took ~40% of the samples.)
+    // From DRAM, P V in one pass over the keys (L = 64 on AVX-512) or
+    // narrower than two vectors: each V row kPvPrefetchKeys keys ahead, again
+    // (the scores loop's prefetches of V, up to a tile of keys earlier, did
+    // not keep them: on a Sapphire Rapids VM, H=32 Hkv=8 L=128 Skv=32768
+    // bf16 K/V, one thread, the loads of V took ~40% of the samples).  P V
+    // in passes over blocks of keys prefetches the next block instead.
     const auto prefetch_v = [&](size_t jj) {
       if (a.prefetch_kv && jj + kPvPrefetchKeys < nj) {
         PrefetchBytes(v_tile + (jj + kPvPrefetchKeys) * ldv, L * sizeof(T));
