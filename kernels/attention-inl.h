@@ -1306,6 +1306,39 @@ HWY_INLINE RowLinePrefetcher NextPvBlock(const AttnDims& a, const T* v_tile, siz
   return RowLinePrefetcher(rows != 0 ? v_tile + next * ldv : v_tile, ldv * sizeof(T), bytes, rows);
 }
 
+// NextPvBlock's lines spread evenly over the block's calls: at each call
+// a credit of `lines`, and a line for each `calls` of it (a line at most
+// when kOne: fewer lines than calls).  (Issued a line a call from the
+// block's first, they went out faster than memory delivers and the loop
+// stalled on them with the miss buffers full.  Zen 3 VM, H=32 Hkv=8 L=128
+// Skv=32768, 8 alternated rounds, medians, one / two threads: bf16 K/V
+// 10.03 -> 9.23 / 5.08 -> 4.73 ms, f32 17.17 -> 16.30 / 10.13 -> 9.88, f16
+// 8.98 -> 9.19 / 4.61 -> 4.61.  The same prefetches written as a method of
+// RowLinePrefetcher, or the bf16 loop with `while` for its `if`, ran 4-10%
+// slower again, for reasons not found: see
+// bench/results/2026-12-05-zen3-session21.md.)
+template <bool kOne>
+HWY_INLINE void SpreadLines(RowLinePrefetcher& next, size_t& credit, size_t lines, size_t calls) {
+  credit += lines;
+  if constexpr (kOne) {
+    if (credit >= calls) {
+      credit -= calls;
+      next.Some(1);
+    }
+  } else {
+    while (credit >= calls) {
+      credit -= calls;
+      next.Some(1);
+    }
+  }
+}
+
+// The lines of NextPvBlock's rows (0: none, per_call 0).
+template <class T>
+inline size_t PvBlockLines(size_t L, size_t jb, size_t nj, size_t per_call) {
+  return per_call == 0 ? 0 : HWY_MIN(kPvKeys, nj - jb - kPvKeys) * ((L * sizeof(T) + 63) / 64 + 1);
+}
+
 // Vectors of columns the grouped P V takes at a time from column cc (lv
 // columns in whole vectors of N): on AVX2 three (12 FMA chains: a pair's 8
 // leave the FMA latency no slack, as in the scores) while more than four
@@ -1652,27 +1685,9 @@ HWY_NOINLINE void FlashAttentionGroupByDot(const AttnDims& a, const float* HWY_R
         using V = hn::Vec<decltype(d)>;
         size_t per_key;  // from DRAM: the next block's V rows, per_key lines a call
         RowLinePrefetcher next_v = NextPvBlock(a, v_tile, ldv, jb, nb, nj, pv_passes, &per_key);
-        // Spread evenly over the block's calls: a credit of `lines` a call,
-        // a line for each `calls` of it.  (Issued a line a call from the
-        // block's first, they went out faster than memory delivers and the
-        // loop stalled on them with the miss buffers full.  Zen 3 VM, H=32
-        // Hkv=8 L=128 Skv=32768, 8 alternated rounds, medians, one / two
-        // threads: bf16 K/V 10.03 -> 9.23 / 5.08 -> 4.73 ms, f32 17.17 ->
-        // 16.30 / 10.13 -> 9.88, f16 8.98 -> 9.19 / 4.61 -> 4.61.  The same
-        // prefetches written as a method of RowLinePrefetcher, or with this
-        // lambda's `while` in the bf16 loop's `if`, ran 4-10% slower again,
-        // for reasons not found: keep this form.)
-        size_t credit = 0;
-        const size_t lines =
-            per_key == 0 ? 0 : HWY_MIN(kPvKeys, nj - jb - kPvKeys) * ((L * sizeof(T) + 63) / 64 + 1);
-        const size_t calls = pv_passes * nb;
-        const auto prefetch = [&](size_t) {
-          credit += lines;
-          while (credit >= calls) {
-            credit -= calls;
-            next_v.Some(1);
-          }
-        };
+        size_t credit = 0;  // the lines spread over the block's calls
+        const size_t lines = PvBlockLines<T>(L, jb, nj, per_key), calls = pv_passes * nb;
+        const auto prefetch = [&](size_t) { SpreadLines<false>(next_v, credit, lines, calls); };
         size_t cc = c;
         while (cc + 2 * N <= lv) {  // each column's chain is the same in any pass width
 #if HWY_ARCH_X86 && HWY_TARGET == HWY_AVX2
@@ -1922,19 +1937,9 @@ HWY_NOINLINE void FlashAttentionGroupByDotBf16Pairs(
       const bool first = jb == 0;
       size_t per_key;  // from DRAM: the next block's V rows, per_key lines a call
       RowLinePrefetcher next_v = NextPvBlock(a, v_tile, ldv, jb, nb, nj, pv_passes, &per_key);
-      // Spread over the block's calls as in FlashAttentionGroupByDot (at
-      // most a line a call here: with L >= 32, fewer lines than calls).
-      size_t credit = 0;
-      const size_t lines =
-          per_key == 0 ? 0 : HWY_MIN(kPvKeys, nj - jb - kPvKeys) * ((L * sizeof(T) + 63) / 64 + 1);
-      const size_t calls = pv_passes * nb;
-      const auto prefetch = [&](size_t) {
-        credit += lines;
-        if (credit >= calls) {
-          credit -= calls;
-          next_v.Some(1);
-        }
-      };
+      size_t credit = 0;  // the lines spread over the block's calls (L >= 32: fewer)
+      const size_t lines = PvBlockLines<T>(L, jb, nj, per_key), calls = pv_passes * nb;
+      const auto prefetch = [&](size_t) { SpreadLines<true>(next_v, credit, lines, calls); };
       for (size_t cc = 0; cc < L; cc += N2) {
         GroupPvBlock<2>(
             [&](const T* HWY_RESTRICT v, V& x0, V& x1, V&) { LoadBf16Pair(d, v, x0, x1); },
