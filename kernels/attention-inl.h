@@ -1291,18 +1291,15 @@ class RowLinePrefetcher {
 // The grouped P V's prefetches over a block of nb keys from jb of a tile of
 // nj (K/V from DRAM, P V in `passes` passes of whole vectors over each
 // block): the next block's V rows, so that V streams while P V runs, a
-// block ahead (~400 ns at L = 128 on Zen 3).  *per_call: the lines each of
-// the block's passes * nb calls would take to issue them all from its first
-// (0: none); the callers spread them over all the calls instead.
+// block ahead (~400 ns at L = 128 on Zen 3).  *lines: their lines (0:
+// none), for SpreadLines to issue over the block's passes * nb calls.
 template <class T>
 HWY_INLINE RowLinePrefetcher NextPvBlock(const AttnDims& a, const T* v_tile, size_t ldv,
-                                         size_t jb, size_t nb, size_t nj, size_t passes,
-                                         size_t* per_call) {
+                                         size_t jb, size_t nj, size_t passes, size_t* lines) {
   const size_t next = jb + kPvKeys;
   const size_t rows = a.prefetch_kv && passes != 0 && next < nj ? HWY_MIN(kPvKeys, nj - next) : 0;
   const size_t bytes = a.head_dim * sizeof(T);
-  const size_t row_lines = (bytes + 63) / 64 + 1;
-  *per_call = rows == 0 ? 0 : (rows * row_lines + passes * nb - 1) / (passes * nb);
+  *lines = rows * ((bytes + 63) / 64 + 1);  // at most, for rows off the lines
   return RowLinePrefetcher(rows != 0 ? v_tile + next * ldv : v_tile, ldv * sizeof(T), bytes, rows);
 }
 
@@ -1331,12 +1328,6 @@ HWY_INLINE void SpreadLines(RowLinePrefetcher& next, size_t& credit, size_t line
       next.Some(1);
     }
   }
-}
-
-// The lines of NextPvBlock's rows (0: none, per_call 0).
-template <class T>
-inline size_t PvBlockLines(size_t L, size_t jb, size_t nj, size_t per_call) {
-  return per_call == 0 ? 0 : HWY_MIN(kPvKeys, nj - jb - kPvKeys) * ((L * sizeof(T) + 63) / 64 + 1);
 }
 
 // Vectors of columns the grouped P V takes at a time from column cc (lv
@@ -1683,10 +1674,10 @@ HWY_NOINLINE void FlashAttentionGroupByDot(const AttnDims& a, const float* HWY_R
         const size_t nb = nj - jb < kPvKeys ? nj - jb : kPvKeys;
         const bool first = jb == 0;
         using V = hn::Vec<decltype(d)>;
-        size_t per_key;  // from DRAM: the next block's V rows, per_key lines a call
-        RowLinePrefetcher next_v = NextPvBlock(a, v_tile, ldv, jb, nb, nj, pv_passes, &per_key);
-        size_t credit = 0;  // the lines spread over the block's calls
-        const size_t lines = PvBlockLines<T>(L, jb, nj, per_key), calls = pv_passes * nb;
+        size_t lines;  // from DRAM: the next block's V rows, spread over the block's calls
+        RowLinePrefetcher next_v = NextPvBlock(a, v_tile, ldv, jb, nj, pv_passes, &lines);
+        size_t credit = 0;
+        const size_t calls = pv_passes * nb;
         const auto prefetch = [&](size_t) { SpreadLines<false>(next_v, credit, lines, calls); };
         size_t cc = c;
         while (cc + 2 * N <= lv) {  // each column's chain is the same in any pass width
@@ -1698,7 +1689,7 @@ HWY_NOINLINE void FlashAttentionGroupByDot(const AttnDims& a, const float* HWY_R
                   x1 = LoadF32(d, v + N);
                   x2 = LoadF32(d, v + 2 * N);
                 },
-                v_tile, ldv, s_keys, jb, nb, cc, L, first, per_key != 0, prefetch, o_tmp);
+                v_tile, ldv, s_keys, jb, nb, cc, L, first, lines != 0, prefetch, o_tmp);
             cc += 3 * N;
             continue;
           }
@@ -1708,7 +1699,7 @@ HWY_NOINLINE void FlashAttentionGroupByDot(const AttnDims& a, const float* HWY_R
                 x0 = LoadF32(d, v);
                 x1 = LoadF32(d, v + N);
               },
-              v_tile, ldv, s_keys, jb, nb, cc, L, first, per_key != 0, prefetch, o_tmp);
+              v_tile, ldv, s_keys, jb, nb, cc, L, first, lines != 0, prefetch, o_tmp);
           cc += 2 * N;
         }
         for (; cc + N <= lv; cc += N) block(d, cc, jb, nb);
@@ -1935,15 +1926,15 @@ HWY_NOINLINE void FlashAttentionGroupByDotBf16Pairs(
     for (size_t jb = 0; jb < nj; jb += kPvKeys) {
       const size_t nb = nj - jb < kPvKeys ? nj - jb : kPvKeys;
       const bool first = jb == 0;
-      size_t per_key;  // from DRAM: the next block's V rows, per_key lines a call
-      RowLinePrefetcher next_v = NextPvBlock(a, v_tile, ldv, jb, nb, nj, pv_passes, &per_key);
-      size_t credit = 0;  // the lines spread over the block's calls (L >= 32: fewer)
-      const size_t lines = PvBlockLines<T>(L, jb, nj, per_key), calls = pv_passes * nb;
+      size_t lines;  // from DRAM: the next block's V rows, spread (L >= 32: fewer than calls)
+      RowLinePrefetcher next_v = NextPvBlock(a, v_tile, ldv, jb, nj, pv_passes, &lines);
+      size_t credit = 0;
+      const size_t calls = pv_passes * nb;
       const auto prefetch = [&](size_t) { SpreadLines<true>(next_v, credit, lines, calls); };
       for (size_t cc = 0; cc < L; cc += N2) {
         GroupPvBlock<2>(
             [&](const T* HWY_RESTRICT v, V& x0, V& x1, V&) { LoadBf16Pair(d, v, x0, x1); },
-            v_tile, ldv, s_keys, jb, nb, cc, L, first, per_key != 0, prefetch, o_tmp);
+            v_tile, ldv, s_keys, jb, nb, cc, L, first, lines != 0, prefetch, o_tmp);
       }
     }
     for (size_t r = 0; r < R; ++r) {  // acc = corr acc + P V, back in column order
