@@ -19,7 +19,11 @@
 
 #include <atomic>
 #include <stdint.h>
+#include <string.h>
 #include <unistd.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
 
 namespace headsum {
 HWY_EXPORT(QDotKRows);
@@ -125,6 +129,39 @@ bool KvFromMemory(const AttnDims& a, const AttnViews& views) {
   return cache == 0 || bytes > HWY_MIN(cache / 2, size_t{16} << 20);
 }
 
+// Whether a one-row decode over 16-bit K/V from memory runs on
+// FlashAttentionRowStream (AttnDims::row_stream).  It was tuned on the
+// Sapphire Rapids VM, where it beat the 512-key tiles (H=32 L=128
+// Skv=32768, one thread: bf16 45.0 -> 39.1 ms, f16 44.0 -> 40.9; see the
+// kernel).  On a Zen 4 VM (AMD EPYC, AVX-512, 1 MiB L2, 32 MiB L3, a read
+// probe of ~24 GB/s on one core) it was the slower by far: the same shape,
+// 3 alternated rounds, medians of 5, one thread f16 41.6-44.5 -> 29.0-33.1
+// ms with the tiles, bf16 47.3-50.6 -> 29.4-30.2 (47% -> 74-77% of the
+// probe); two threads f16 22.5-25.8 -> 16.6-23.7, bf16 25.0-25.8 ->
+// 22.7-22.8.  No prefetch distance (8-64 keys), hint (T0, T1, T2, NTA),
+// tile length (16-512 keys) or no software prefetch at all brought it near
+// the tiles there (bench/results/2026-12-05-zen4-session22.md).  So it runs
+// on Intel CPUs, where it was measured to win, and on non-x86 targets as
+// before (not measured on Arm hardware); other x86 CPUs take the tiles.
+bool RowStreamPreferred() {
+  static const bool preferred = [] {
+#if defined(__x86_64__) || defined(__i386__)
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid(0, &a, &b, &c, &d)) return false;
+    char vendor[13];
+    memcpy(vendor, &b, 4);
+    memcpy(vendor + 4, &d, 4);
+    memcpy(vendor + 8, &c, 4);
+    vendor[12] = '\0';
+    return strcmp(vendor, "GenuineIntel") == 0;
+#else
+    return true;
+#endif
+  }();
+  const int mode = RowStreamMode();
+  return mode == testing::kRowStreamAuto ? preferred : mode != 0;
+}
+
 headsum_status Attention(const AttnDims& a, const float* q, const float* k, const float* v,
                          float* out) {
   AttnViews views;
@@ -138,6 +175,7 @@ headsum_status Attention(const AttnDims& a, const float* q, const float* k, cons
 headsum_status Attention(const AttnDims& dims, const AttnViews& views) {
   AttnDims a = dims;
   a.prefetch_kv = KvFromMemory(dims, views);
+  a.row_stream = RowStreamPreferred();
   // bf16 inputs (or any, under fpmath BF16) on a native bf16 path in force.
   // (Except few rows of bf16 on AMX_BF16: NativeFewRowsOnF32.)
   if (const native::Path* n = NativeFor({views.q.dtype, views.k.dtype, views.v.dtype})) {

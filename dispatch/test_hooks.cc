@@ -10,6 +10,7 @@ std::atomic<long> g_allocations_left{-1};
 
 std::atomic<size_t> g_stream_scores_bytes{testing::kDefaultStreamScoresBytes};
 std::atomic<size_t> g_kv_in_cache_bytes{testing::kKvInCacheAuto};
+std::atomic<int> g_row_stream{testing::kRowStreamAuto};
 std::atomic<size_t> g_projection_l1{0}, g_projection_l2{0}, g_projection_rows{0};
 
 // Whether this allocation may go ahead: consumes one of the allowed ones.
@@ -35,6 +36,7 @@ void SetStreamScoresBytes(size_t bytes) {
 void SetKvInCacheBytes(size_t bytes) {
   g_kv_in_cache_bytes.store(bytes, std::memory_order_relaxed);
 }
+void SetRowStream(int mode) { g_row_stream.store(mode, std::memory_order_relaxed); }
 void SetProjectionCacheBytes(size_t l1, size_t l2) {
   g_projection_l1.store(l1, std::memory_order_relaxed);
   g_projection_l2.store(l2, std::memory_order_relaxed);
@@ -50,6 +52,7 @@ bool AllocationHookArmed() { return g_allocations_left.load(std::memory_order_re
 size_t StreamScoresBytes() { return g_stream_scores_bytes.load(std::memory_order_relaxed); }
 
 size_t KvInCacheBytes() { return g_kv_in_cache_bytes.load(std::memory_order_relaxed); }
+int RowStreamMode() { return g_row_stream.load(std::memory_order_relaxed); }
 
 size_t ProjectionL1Bytes() { return g_projection_l1.load(std::memory_order_relaxed); }
 size_t ProjectionL2Bytes() { return g_projection_l2.load(std::memory_order_relaxed); }

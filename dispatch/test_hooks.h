@@ -37,6 +37,14 @@ void SetStreamScoresBytes(size_t bytes);
 constexpr size_t kKvInCacheAuto = ~size_t{0};
 void SetKvInCacheBytes(size_t bytes);
 
+// Whether a one-row decode over 16-bit K/V read from memory runs on the
+// streaming kernel (AttnDims::row_stream): kRowStreamAuto (the default) as
+// dispatch chooses for this CPU, 0 never, 1 wherever the kernel exists.
+// Tests set each to run both paths on every CPU.  Process-wide; for tests
+// only.
+constexpr int kRowStreamAuto = -1;
+void SetRowStream(int mode);
+
 // The L1 data and L2 sizes, in bytes, that the chained projection blocks
 // its work for (dispatch/projection.cc); 0: what sysconf reports.  Tests set
 // small ones to run one-tile blocks of O and the panel-group-by-group order
@@ -69,6 +77,9 @@ size_t StreamScoresBytes();
 
 // The current threshold of SetKvInCacheBytes (kKvInCacheAuto: not set).
 size_t KvInCacheBytes();
+
+// The mode of SetRowStream (kRowStreamAuto: not set).
+int RowStreamMode();
 
 // The sizes of SetProjectionCacheBytes (0: not set).
 size_t ProjectionL1Bytes();

@@ -1008,11 +1008,12 @@ HWY_NOINLINE void FlashAttentionRowStream(const AttnDims& a, const float* HWY_RE
 }
 
 // Whether FlashAttentionRowByDot runs on FlashAttentionRowStream: 16-bit K
-// and V of one dtype read from memory, L a whole number of vectors, up to 8.
+// and V of one dtype read from memory, L a whole number of vectors, up to 8,
+// on a CPU where dispatch prefers it (AttnDims::row_stream).
 template <class TK, class TV>
 HWY_INLINE bool RowStreams(const AttnDims& a) {
   const size_t N = hn::Lanes(hn::ScalableTag<float>());
-  return std::is_same_v<TK, TV> && !std::is_same_v<TK, float> && a.prefetch_kv &&
+  return std::is_same_v<TK, TV> && !std::is_same_v<TK, float> && a.prefetch_kv && a.row_stream &&
          a.head_dim % N == 0 && a.head_dim / N >= 1 && a.head_dim / N <= 8;
 }
 #endif
@@ -1770,7 +1771,17 @@ HWY_NOINLINE void FlashAttentionGroupByDotBf16Pairs(
   }
   HWY_ALIGN float pair[2 * HWY_MAX_BYTES / sizeof(float)];
   // P V's passes over a block of keys, and the V rows the scores loop
-  // prefetches, as in FlashAttentionGroupByDot.
+  // prefetches, as in FlashAttentionGroupByDot.  A pass reads 2N bf16 of
+  // each row: where that is at most half a line (AVX2, SSE4, NEON) a row
+  // has no more lines (2L/64 + 1) than passes (L/2N), so the next block's
+  // lines are at most its calls and SpreadLines issues one at most a call
+  // (the form measured fastest on Zen 3).  Where a pass reads a whole line
+  // (AVX-512: L = 128 is 4 passes and 4-5 lines a row) it must issue more:
+  // with one at most, a fifth of each next block's lines (its last rows)
+  // went unprefetched, and on a Zen 4 VM (H=32 Hkv=8 L=128 Skv=32768, one
+  // thread, 3 alternated rounds) bf16 K/V took 10.9-12.4 ms (min of 10)
+  // against 9.3-10.1 issuing them all (f16: 8.8-9.3).
+  constexpr bool kPvOneLine = 2 * HWY_LANES(float) * sizeof(T) <= 32;
   size_t pv_passes = L / N2;
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
   if (L == 2 * N2) pv_passes = 0;  // one pass over all the keys
@@ -1926,11 +1937,11 @@ HWY_NOINLINE void FlashAttentionGroupByDotBf16Pairs(
     for (size_t jb = 0; jb < nj; jb += kPvKeys) {
       const size_t nb = nj - jb < kPvKeys ? nj - jb : kPvKeys;
       const bool first = jb == 0;
-      size_t lines;  // from DRAM: the next block's V rows, spread (L >= 32: fewer than calls)
+      size_t lines;  // from DRAM: the next block's V rows, spread over the block's calls
       RowLinePrefetcher next_v = NextPvBlock(a, v_tile, ldv, jb, nj, pv_passes, &lines);
       size_t credit = 0;
       const size_t calls = pv_passes * nb;
-      const auto prefetch = [&](size_t) { SpreadLines<true>(next_v, credit, lines, calls); };
+      const auto prefetch = [&](size_t) { SpreadLines<kPvOneLine>(next_v, credit, lines, calls); };
       for (size_t cc = 0; cc < L; cc += N2) {
         GroupPvBlock<2>(
             [&](const T* HWY_RESTRICT v, V& x0, V& x1, V&) { LoadBf16Pair(d, v, x0, x1); },

@@ -16,6 +16,11 @@ struct AttnDims {
   // Whether the dot paths prefetch K/V rows ahead (dispatch clears it where
   // the call's K/V fit well inside the last-level cache; see KvFromMemory).
   bool prefetch_kv = true;
+  // Whether a one-row decode over 16-bit K/V read from memory may run on
+  // FlashAttentionRowStream (K and V side by side in 16-key tiles, q and the
+  // accumulator in registers) rather than on 512-key tiles of K, then V
+  // (dispatch decides per CPU; see RowStreamPreferred).
+  bool row_stream = true;
 
   size_t group() const { return heads / kv_heads; }  // query heads per kv head
   // Bottom-right aligned causal mask: query i sees key j when j <= i + offset.

@@ -390,18 +390,25 @@ TEST_P(TensorAttention, EveryDtypeAndLayoutMatchesReference) {
         EXPECT_LE(written, got.size() * Bytes(t.out));
         if (c.sq <= 3) {
           // A decode step's K/V counted as read from memory: the one-key,
-          // prefetching dot path (these small K/V take the eight-key one).
+          // prefetching dot path (these small K/V take the eight-key one),
+          // for one query row of 16-bit K/V both the streaming kernel and
+          // the 512-key tiles, whichever this CPU would choose.
           struct RestoreThreshold {
             ~RestoreThreshold() {
               headsum::testing::SetKvInCacheBytes(headsum::testing::kKvInCacheAuto);
+              headsum::testing::SetRowStream(headsum::testing::kRowStreamAuto);
             }
           } restore;
           headsum::testing::SetKvInCacheBytes(0);
-          bufs.out.bytes = out_before;
-          ASSERT_EQ(headsum_attention_tensors(&shape, &tq, &tk, &tv, &to), HEADSUM_OK)
-              << headsum_last_error();
-          ASSERT_TRUE(AllWithinBound(ref, bound, bufs.out.Read(),
-                                     Layout{{c.b, c.h, c.sq, c.l}, "bhil"}));
+          for (const int row_stream : {0, 1}) {
+            SCOPED_TRACE(row_stream ? "row stream" : "512-key tiles");
+            headsum::testing::SetRowStream(row_stream);
+            bufs.out.bytes = out_before;
+            ASSERT_EQ(headsum_attention_tensors(&shape, &tq, &tk, &tv, &to), HEADSUM_OK)
+                << headsum_last_error();
+            ASSERT_TRUE(AllWithinBound(ref, bound, bufs.out.Read(),
+                                       Layout{{c.b, c.h, c.sq, c.l}, "bhil"}));
+          }
         }
       }
     }
