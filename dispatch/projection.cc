@@ -23,6 +23,7 @@ HWY_EXPORT(SumHeadsTile);
 HWY_EXPORT(ChainTile);
 HWY_EXPORT(ChainBlock);
 HWY_EXPORT(ChainScratch);
+HWY_EXPORT(SumHeadGroups);
 HWY_EXPORT(PackRowsOfO);
 HWY_EXPORT(PackedOFloats);
 HWY_EXPORT(PackWoRowsF32);
@@ -153,6 +154,102 @@ ColumnPanels InPlacePanels(const ProjDims& p, const WoSource& wo, bool peel) {
   return panels;
 }
 
+// Heads per group of a decode step's projection (DecodeByHeadGroups):
+// groups of at least kDecodeGroupBytes of Wo each, as few as that allows,
+// their partial sums ([B][groups][S][D] f32) at most kDecodePartialBytes
+// and a 16th of Wo's bytes (what they add to the traffic).  Depends on the
+// shape and Wo's element size only, never on the thread count.  p.heads
+// (one group: the tiles' own sums) for three rows a sequence or more.
+constexpr size_t kDecodeGroupBytes = size_t{64} << 10;
+constexpr size_t kDecodePartialBytes = size_t{1} << 20;
+
+size_t DecodeHeadsPerGroup(const ProjDims& p, size_t wo_bytes) {
+  if (p.seq > 2 || p.heads < 2) return p.heads;
+  const size_t head_bytes = HWY_MAX(p.head_dim * p.model_dim * wo_bytes, size_t{1});
+  size_t per_group = CeilDiv(kDecodeGroupBytes, head_bytes);
+  const size_t partial_row = HWY_MAX(p.batch * p.seq * p.model_dim * sizeof(float), size_t{1});
+  const size_t partial_max = HWY_MIN(kDecodePartialBytes, p.heads * head_bytes / 16);
+  const size_t max_groups = HWY_MAX(partial_max / partial_row, size_t{1});
+  if (CeilDiv(p.heads, per_group) > max_groups) per_group = CeilDiv(p.heads, max_groups);
+  return HWY_MIN(per_group, p.heads);
+}
+
+// A decode step (one or two rows a sequence) over groups of heads, each
+// group's partial sums of Y ([B][groups][S][D], f32, bias in group 0's)
+// from the tiles of ChainTile, then Y = ((P_0 + P_1) + P_2) + ... rounded
+// once.  A work item is one sequence's group (times a range of columns
+// where the threads need more items): each reads its heads' rows of Wo
+// whole, a contiguous stretch of an unpacked Wo, where splitting the
+// columns across threads has each read a part of every row.  On a Zen 4
+// VM a core reading half of each 1 KiB row (a 512 x 512 bf16 Wo on two
+// threads) got ~6 GB/s from memory, against ~24 GB/s reading whole rows
+// (bench/results/2026-12-05-zen4-session23.md).
+headsum_status DecodeByHeadGroups(const ProjDims& p, const TensorView& heads, const WoSource& wo,
+                                  const float* bias, const TensorView& y, size_t per_group) {
+  const size_t t = TableIndex(ActiveTarget());
+  const auto kernel = HWY_DISPATCH_TABLE(ChainTile)[t];
+  const size_t groups = CeilDiv(p.heads, per_group);
+  const size_t ldp = (p.model_dim + 15) / 16 * 16;
+  const size_t rows = p.batch * p.seq;
+  hwy::AlignedFreeUniquePtr<float[]> fresh;
+  float* const part = CallBuffer(CachedBuffer::kPartials, rows * groups * ldp, &fresh);
+  if (part == nullptr) return HEADSUM_ERR_OUT_OF_MEMORY;
+  const ColumnPanels cp = InPlacePanels(p, wo, false);
+  const size_t panels = cp.count;
+  const size_t units = p.batch * groups;
+  const size_t col_groups = HWY_MIN(panels, CeilDiv(static_cast<size_t>(NumThreads()), units));
+  const size_t per_col_group = CeilDiv(panels, col_groups);
+  const size_t bytes = DTypeBytes(wo.dtype), inner = p.inner(), L = p.head_dim;
+  const size_t chain_floats =
+      (HWY_DISPATCH_TABLE(ChainScratch)[t](p, heads.dtype, DType::kF32) + 15) / 16 * 16;
+  const char* const base = static_cast<const char*>(wo.data);
+  headsum_status st = ParallelItems(units * col_groups, chain_floats,
+                                    [&](size_t item, float* scratch) {
+    const size_t cg = item % col_groups, unit = item / col_groups;
+    const size_t g = unit % groups, b = unit / groups;
+    const size_t h0 = g * per_group, h1 = HWY_MIN(h0 + per_group, p.heads);
+    const size_t first = cg * per_col_group, last = HWY_MIN(first + per_col_group, panels);
+    if (first >= last) return;
+    ProjDims pg = p;
+    pg.heads = h1 - h0;
+    TensorView hv = heads;
+    hv.data = heads.Row(0, h0, 0);
+    TensorView yv;
+    yv.data = part + g * p.seq * ldp;
+    yv.dtype = DType::kF32;
+    yv.sb = groups * p.seq * ldp;
+    yv.sh = 0;
+    yv.ss = ldp;
+    const float* const bias_g = g == 0 ? bias : nullptr;
+    if (!wo.packed) {
+      // The range's columns in one piece (the one-row sweeps' whole rows).
+      const size_t c0 = cp.Begin(first), c1 = cp.End(last - 1, p.model_dim);
+      kernel(pg, hv, base + (h0 * L * wo.stride + c0) * bytes, wo.dtype, wo.stride, bias_g, yv,
+             b, 0, p.seq, c0, c1, scratch, nullptr);
+      return;
+    }
+    for (size_t panel = first; panel < last; ++panel) {
+      // Panel `panel` holds Wo's columns [c0, c1) as rows of c1 - c0.
+      const size_t c0 = cp.Begin(panel), c1 = cp.End(panel, p.model_dim);
+      kernel(pg, hv, base + (c0 * inner + h0 * L * (c1 - c0)) * bytes, wo.dtype, c1 - c0, bias_g,
+             yv, b, 0, p.seq, c0, c1, scratch, nullptr);
+    }
+  });
+  if (st != HEADSUM_OK) return st;
+  // The sums: one item for a small Y (a parallel region costs more than
+  // the adds), else one a row.
+  const auto sum = HWY_DISPATCH_TABLE(SumHeadGroups)[t];
+  const bool one_item = rows * groups * ldp <= (size_t{1} << 16);
+  return ParallelItems(one_item ? 1 : rows, 0, [&](size_t item, float*) {
+    const size_t r0 = one_item ? 0 : item, r1 = one_item ? rows : item + 1;
+    for (size_t r = r0; r < r1; ++r) {
+      const size_t b = r / p.seq, s = r % p.seq;
+      sum(part + (b * groups * p.seq + s) * ldp, p.seq * ldp, groups, p.model_dim,
+          y.Row(b, 0, s), y.dtype);
+    }
+  });
+}
+
 // ChainedSum for fewer than kCopyWoRows rows (B x S) and for one or two
 // rows a sequence: O read in place, Wo in place or from headsum_wo_pack's
 // panels.  A work item is a block of
@@ -166,6 +263,10 @@ ColumnPanels InPlacePanels(const ProjDims& p, const WoSource& wo, bool peel) {
 // does not depend on it, nor on the thread count.
 headsum_status ChainedSumInPlace(const ProjDims& p, const TensorView& heads,
                                  const WoSource& wo, const float* bias, const TensorView& y) {
+  if (p.seq <= 2) {
+    const size_t per_group = DecodeHeadsPerGroup(p, DTypeBytes(wo.dtype));
+    if (per_group < p.heads) return DecodeByHeadGroups(p, heads, wo, bias, y, per_group);
+  }
   const size_t t = TableIndex(ActiveTarget());
   const auto kernel = HWY_DISPATCH_TABLE(ChainTile)[t];
   const size_t mc = ChainRowBlock(p);
@@ -433,5 +534,12 @@ headsum_status HeadAttribution(const ProjDims& p, const float* heads, const floa
 }
 
 }  // namespace dispatch
+
+namespace testing {
+size_t ProjectionDecodeHeadsPerGroup(size_t batch, size_t seq, size_t heads, size_t head_dim,
+                                     size_t model_dim, size_t wo_bytes) {
+  return dispatch::DecodeHeadsPerGroup({batch, seq, heads, head_dim, model_dim}, wo_bytes);
+}
+}  // namespace testing
 }  // namespace headsum
 #endif  // HWY_ONCE

@@ -57,6 +57,15 @@ void SetProjectionCacheBytes(size_t l1, size_t l2);
 // Process-wide; for tests only.
 void SetProjectionPackedFromRows(size_t rows);
 
+// Heads per group of a decode step's projection (one or two rows a
+// sequence; dispatch/projection.cc, DecodeHeadsPerGroup) for this shape and
+// Wo element size in bytes: Y's row is then the sum, group by group in
+// order, of what the many-row tiles give each group's heads (bias in the
+// first), rounded once.  `heads` means one group.  For tests, which
+// rebuild those sums.
+size_t ProjectionDecodeHeadsPerGroup(size_t batch, size_t seq, size_t heads, size_t head_dim,
+                                     size_t model_dim, size_t wo_bytes);
+
 }  // namespace testing
 
 namespace dispatch {

@@ -163,7 +163,7 @@ inline size_t ChainScratch(const ProjDims& p, DType o, DType y) {
 // How far ahead RowSweep prefetches Wo: about 16 KiB of the rows it reads.
 constexpr size_t kSweepAheadBytes = size_t{16} << 10;
 
-// The sweeps' (RowSweep, BlockSweep) shared steps.  Two vectors of a Wo
+// The sweeps' (RowSweep's) steps.  Two vectors of a Wo
 // row at p: a bf16 pair's even and odd elements (kLoadsBf16Pairs), else
 // two consecutive vectors widened.
 template <class D, class TB>
@@ -234,9 +234,21 @@ HWY_INLINE void SweepFinish(D d, const float* HWY_RESTRICT y, size_t cols, float
 // MatMul 12.5-14.6, 4 rows 11.8-12.7, 1 row 17.1 (f32 4 rows 17.7-21.0,
 // 1 row 22.6) (one round each; the kept choice against MatMul, paired:
 // from memory bf16 55 -> 34 us, f32 79-81 -> 60; in cache bf16 13-14 ->
-// 17.5-18.6, f32 20 -> 16).  So one row for a 16-bit Wo (half the bytes
-// per FMA: the stream is what bounds it) and four for f32.  (A 16-bit Wo
-// whose rows a thread reads whole goes to BlockSweep below instead.)
+// 17.5-18.6, f32 20 -> 16).  (Sessions 15-22: one row for a 16-bit Wo
+// split by columns across threads, blocks of 8 rows with the sums in
+// registers where one thread read whole rows, four rows for f32, every
+// prefetch into L1.)  Since the twenty-third session, on a Zen 4 VM (a
+// decode step's threads each read whole rows of their heads, dispatch/
+// projection.cc's DecodeByHeadGroups; the rows ahead asked into L2,
+// PrefetchIntoL2; H*L = D = 512, medians of 21 x 200-2000 calls, three
+// alternated rounds, buffers 16 bytes off): a 16-bit Wo two rows a pass
+// (bf16 from memory one thread 34-42 us, two 20-25; in cache 9.1-9.3 and
+// 6.0-6.3) against one row (30-40, 18.5-23; 12.0-12.3, 7.6-7.8) and blocks
+// of 8 (40-47, 22-29; 9.7-9.8, 6.4-7.0); f32 one row a pass (from memory
+// 48-64 us, two threads 36-37; in cache 19.1, 10.4-10.5) against four
+// (79-82, 43-45; 14.7-15.8, 8.2-8.8).  Each takes what wins by the most:
+// two rows for 16-bit (25% in cache against 10% from memory), one for f32
+// (1.3-1.6x from memory against 0.8x in cache).
 template <size_t kSweepRows, class TB>
 HWY_INLINE void RowSweep(size_t segments, size_t L, const float* HWY_RESTRICT a, size_t a_step,
                          const TB* HWY_RESTRICT b, size_t ldb, size_t b_step, size_t cols,
@@ -269,12 +281,12 @@ HWY_INLINE void RowSweep(size_t segments, size_t L, const float* HWY_RESTRICT a,
       for (size_t i = 0; i < kSweepRows; ++i) {
         r[i] = bs + (l + i) * ldb;
         pf[i] = reinterpret_cast<const char*>(r[i] + ahead * ldb);
-        if (prefetching) hwy::Prefetch(pf[i] + row_bytes - 1);
+        if (prefetching) PrefetchIntoL2(pf[i] + row_bytes - 1);
       }
       for (size_t c = 0; c < cols; c += 2 * N) {
         if (prefetching && (c * sizeof(TB)) % 64 == 0) {
           HWY_UNROLL(8)
-          for (size_t i = 0; i < kSweepRows; ++i) hwy::Prefetch(pf[i] + c * sizeof(TB));
+          for (size_t i = 0; i < kSweepRows; ++i) PrefetchIntoL2(pf[i] + c * sizeof(TB));
         }
         V y0 = hn::LoadU(d, y + c), y1 = hn::LoadU(d, y + c + N);
         const auto add = [&](const TB* HWY_RESTRICT row, V wi, V& acc0, V& acc1) {
@@ -301,132 +313,6 @@ HWY_INLINE void RowSweep(size_t segments, size_t L, const float* HWY_RESTRICT a,
         hn::StoreU(hn::MulAdd(w, x1, hn::LoadU(d, y + c + N)), d, y + c + N);
       }
     }
-  }
-  SweepFinish<kPairs>(d, y, cols, out);
-}
-
-// BlockSweep: RowSweep's job with the partial sums in registers across a
-// block of kBlockRows rows of Wo: for each block, each chunk of kChunkPairs
-// pairs of vectors of columns is loaded from y, takes the block's rows in
-// order, and is stored back (y's loads and stores a kBlockRows-th of
-// RowSweep's one row a pass).  The same sums in the same order as RowSweep
-// and MicroTile (one FMA chain per element over s, then l).  The block's
-// rows are read side by side, a chunk of each at a time, which the
-// hardware prefetchers do not follow, so the rows `ahead` rows on are
-// prefetched in address order, line after line, a share before each chunk.
-// The order is what matters: in a model of the loop in intrinsics (bf16,
-// H*L = D = 512, one thread, AMD EPYC Zen 3 VM, medians of 7-9), Wo from
-// memory, 8-row blocks: no prefetch 45-49 us, the chunk's own columns of
-// the rows ahead (each row's piece in turn) 43-48, address order 27-33; one
-// row a pass (RowSweep) 32-39, MatMul's column tiles 52-57.  In the kernel,
-// paired with RowSweep (two rounds of medians of 5), one thread: bf16 from
-// memory 33.0-34.3 -> 29.3-31.1 us, f16 32.1-33.5 -> 29.8-31.7; Wo in cache
-// bf16 16.4-18.9 -> 14.2-16.5, f16 16.6-17.3 -> 15.0-15.7.  Blocks of 4 or
-// 16 rows, 2 pairs a chunk, 8 or 32 KiB ahead: no better.  On two threads
-// (each sweeping half of every row) it was slower from memory (bf16
-// 28.1-28.9 -> 27.8-31.1, f16 27.6-29.4 -> 29.3-31.0), so ChainTileT takes
-// it for whole rows only; f32 stays with RowSweep's four rows a pass (a
-// 1 MiB Wo "in cache" is in the L3 here, where one stream reads fastest:
-// 16.8-17.8 us against 23-25 for 8-row blocks).
-template <size_t kBlockRows, size_t kChunkPairs, class TB>
-HWY_INLINE void BlockSweep(size_t segments, size_t L, const float* HWY_RESTRICT a, size_t a_step,
-                           const TB* HWY_RESTRICT b, size_t ldb, size_t b_step, size_t cols,
-                           const float* HWY_RESTRICT init, size_t ahead, float* HWY_RESTRICT y,
-                           float* HWY_RESTRICT out) {
-  static_assert(1 <= kChunkPairs && kChunkPairs <= 3, "one to three pairs a chunk");
-  const hn::ScalableTag<float> d;
-  using V = hn::Vec<decltype(d)>;
-  const size_t N = hn::Lanes(d);
-  constexpr bool kPairs = kLoadsBf16Pairs<TB>;
-  SweepStart<kPairs>(d, init, cols, y);
-  const size_t row_bytes = cols * sizeof(TB);
-  const size_t chunk = 2 * N * kChunkPairs;
-  const size_t chunks = cols / chunk + (cols % chunk) / (2 * N);
-  const size_t K = segments * L;
-  const auto row_at = [&](size_t k) {
-    return reinterpret_cast<const char*>(b + (k / L) * b_step + (k % L) * ldb);
-  };
-  // Lines of a row's columns to prefetch: from its first line to its end.
-  const size_t row_lines = (row_bytes + 63) / 64 + 1;
-  for (size_t k0 = 0; k0 < K;) {
-    const size_t s = k0 / L, l0 = k0 % L;
-    const size_t rows = HWY_MIN(kBlockRows, L - l0);  // a block stays within a segment
-    const float* HWY_RESTRICT as = a + s * a_step + l0;
-    const TB* HWY_RESTRICT bs = b + s * b_step + l0 * ldb;
-    // The prefetch cursor: the lines of rows [k0 + ahead, k0 + ahead +
-    // rows), in address order, a share of them before each chunk.
-    const size_t pf_first = k0 + ahead;
-    const size_t pf_rows = ahead == 0 || pf_first >= K ? 0 : HWY_MIN(rows, K - pf_first);
-    const size_t per_chunk = (pf_rows * row_lines + chunks - 1) / chunks;
-    size_t pf_row = 0;
-    const char* pf_ptr = nullptr;
-    const char* pf_end = nullptr;
-    if (pf_rows != 0) {
-      pf_end = row_at(pf_first);
-      pf_ptr = reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(pf_end) & ~uintptr_t{63});
-      pf_end += row_bytes;
-    }
-    const auto prefetch_some = [&]() {
-      for (size_t i = 0; i < per_chunk; ++i) {
-        if (pf_ptr >= pf_end) {
-          if (++pf_row >= pf_rows) break;
-          pf_end = row_at(pf_first + pf_row);
-          pf_ptr = reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(pf_end) & ~uintptr_t{63});
-          pf_end += row_bytes;
-        }
-        hwy::Prefetch(pf_ptr);
-        pf_ptr += 64;
-      }
-    };
-    // Columns [c, c + 2N kP) over the block's rows, their sums in registers.
-    const auto run_chunk = [&](auto pairs, size_t c) {
-      constexpr size_t kP = decltype(pairs)::value;
-      prefetch_some();
-      V y0 = hn::LoadU(d, y + c), y1 = hn::LoadU(d, y + c + N);
-      V y2 = y0, y3 = y1, y4 = y0, y5 = y1;
-      if constexpr (kP > 1) {
-        y2 = hn::LoadU(d, y + c + 2 * N);
-        y3 = hn::LoadU(d, y + c + 3 * N);
-      }
-      if constexpr (kP > 2) {
-        y4 = hn::LoadU(d, y + c + 4 * N);
-        y5 = hn::LoadU(d, y + c + 5 * N);
-      }
-      const TB* HWY_RESTRICT r = bs + c;
-      for (size_t i = 0; i < rows; ++i, r += ldb) {
-        const V w = hn::Set(d, as[i]);
-        V x0, x1;
-        SweepLoad2(d, r, x0, x1);
-        y0 = hn::MulAdd(w, x0, y0);
-        y1 = hn::MulAdd(w, x1, y1);
-        if constexpr (kP > 1) {
-          SweepLoad2(d, r + 2 * N, x0, x1);
-          y2 = hn::MulAdd(w, x0, y2);
-          y3 = hn::MulAdd(w, x1, y3);
-        }
-        if constexpr (kP > 2) {
-          SweepLoad2(d, r + 4 * N, x0, x1);
-          y4 = hn::MulAdd(w, x0, y4);
-          y5 = hn::MulAdd(w, x1, y5);
-        }
-      }
-      hn::StoreU(y0, d, y + c);
-      hn::StoreU(y1, d, y + c + N);
-      if constexpr (kP > 1) {
-        hn::StoreU(y2, d, y + c + 2 * N);
-        hn::StoreU(y3, d, y + c + 3 * N);
-      }
-      if constexpr (kP > 2) {
-        hn::StoreU(y4, d, y + c + 4 * N);
-        hn::StoreU(y5, d, y + c + 5 * N);
-      }
-    };
-    size_t c = 0;
-    for (; c + chunk <= cols; c += chunk) {
-      run_chunk(std::integral_constant<size_t, kChunkPairs>(), c);
-    }
-    for (; c < cols; c += 2 * N) run_chunk(std::integral_constant<size_t, 1>(), c);
-    k0 += rows;
   }
   SweepFinish<kPairs>(d, y, cols, out);
 }
@@ -524,19 +410,11 @@ HWY_INLINE void ChainTileT(const ProjDims& p, const TensorView& heads,
         // threads, Wo in cache, bf16 13-14 us -> 26-32 on the Zen 3 VM).
         float* HWY_RESTRICT acc = reinterpret_cast<float*>(
             (reinterpret_cast<uintptr_t>(scratch) + 63) & ~uintptr_t{63});
-        if constexpr (sizeof(TB) == 2) {
-          if (cols == p.model_dim || ldw == cols) {
-            // Whole rows of Wo (one thread, or a packed panel: each row's
-            // columns in one piece): blocks of 8 rows, prefetched in address
-            // order.  A part of each row (more threads): a row a pass.
-            BlockSweep<8, 3>(H, L, o, a_step, wo_c0, ldw, every_head.b_step, cs,
-                             every_head.init, HWY_MAX(ahead, size_t{8}), acc, y_tile);
-          } else {
-            RowSweep<1>(H, L, o, a_step, wo_c0, ldw, every_head.b_step, cs, every_head.init,
-                        ahead, acc, y_tile);
-          }
-        } else {  // f32: four rows a pass
-          RowSweep<4>(H, L, o, a_step, wo_c0, ldw, every_head.b_step, cs, every_head.init, ahead,
+        if constexpr (sizeof(TB) == 2) {  // two rows a pass
+          RowSweep<2>(H, L, o, a_step, wo_c0, ldw, every_head.b_step, cs, every_head.init, ahead,
+                      acc, y_tile);
+        } else {  // f32: one row a pass
+          RowSweep<1>(H, L, o, a_step, wo_c0, ldw, every_head.b_step, cs, every_head.init, ahead,
                       acc, y_tile);
         }
       }
@@ -642,6 +520,21 @@ inline void ChainBlock(const ProjDims& p, const float* HWY_RESTRICT o_packed, co
   WithElementType(wo_dtype, panel, [&](const auto* wo) {
     ChainBlockT(p, o_packed, wo, ldw, bias, y, b, s0, s1, c0, c1, kc, scratch);
   });
+}
+
+// A decode step's projection split by groups of heads (dispatch/
+// projection.cc, DecodeByHeadGroups): Y's row (n elements, dtype t, at
+// out) is the groups' partial rows summed in group order, ((P_0 + P_1) +
+// P_2) + ..., the partials `ldp` floats apart from part on (P_0 holding
+// the bias), rounded once.  P_0 is overwritten with the sum.
+inline void SumHeadGroups(float* HWY_RESTRICT part, size_t ldp, size_t groups, size_t n,
+                          char* HWY_RESTRICT out, DType t) {
+  ForEachVector(n, [&](auto d, size_t i) {
+    auto sum = hn::LoadU(d, part + i);
+    for (size_t g = 1; g < groups; ++g) sum = hn::Add(sum, hn::LoadU(d, part + g * ldp + i));
+    hn::StoreU(sum, d, part + i);
+  });
+  StoreRow(part, n, out, t);
 }
 
 // Floats of one Wo panel widened to f32, [H*L][kWoPanelCols]: the plain

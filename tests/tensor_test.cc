@@ -17,6 +17,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <string>
 #include <vector>
@@ -740,17 +741,24 @@ TEST_P(TensorProjection, DeterministicAcrossThreadCounts) {
   }
 }
 
-// A decode step (one row, S = 1) is the same arithmetic as that row among
-// many: its own kernels (one-row sweeps of Wo: whole rows in blocks on one
-// thread, a row a pass per thread's columns on more) must give the bits of
-// the many-row tiles, for every dtype, thread count, padded Wo and packed Wo.
-TEST_P(TensorProjection, OneRowIsThatRowOfAManyRowCall) {
-  // Whole 16-bit rows in blocks of 8 with tail chunks (D = 512 on 8 or 16
-  // lanes), rows per head off the block (L = 17, 5), columns past the last
-  // pair of vectors (D = 113, 65, 49), wide D.
+// A decode step (one row, S = 1) is the arithmetic of that row among many,
+// summed over groups of heads: dispatch splits a decode step's heads into
+// groups (testing::ProjectionDecodeHeadsPerGroup, from the shape and Wo's
+// element size alone), so that each thread reads whole rows of Wo, and
+// adds the groups' f32 partial rows in group order, rounding once.  So the
+// row must be, bitwise, ((P_0 + P_1) + ...) rounded to Y's dtype, where P_g
+// is what a many-row call gives for group g's heads alone (f32 Y, the bias
+// in P_0 only), for every dtype, thread count, padded Wo and packed Wo.
+// One group (a small Wo) is the many-row call's row itself.
+TEST_P(TensorProjection, OneRowIsThatRowOfAManyRowCallSummedByHeadGroups) {
+  // Rows per head off the sweeps' pairs of rows (L = 17, 5), columns past
+  // the last pair of vectors (D = 113, 65, 49), wide D; H*L = D = 512 and
+  // D = 2000 split into groups (8 and 2 of them), H = 5 into groups of one
+  // (f32 Wo) or of 2, 2 and 1 (16-bit Wo).
   const ProjCase cases[] = {{2, 5, 8, 64, 512}, {1, 4, 3, 17, 113}, {1, 3, 2, 5, 65},
-                            {1, 3, 4, 24, 49}, {1, 3, 2, 16, 2000}};
+                            {1, 3, 4, 24, 49},  {1, 3, 2, 16, 2000}, {1, 3, 5, 40, 600}};
   uint64_t seed = 700;
+  size_t split_cases = 0;
   for (const ProjCase& c : cases) {
     const headsum_proj_shape shape = {c.b, c.s, c.h, c.l, c.d};
     const headsum_proj_shape one = {c.b, 1, c.h, c.l, c.d};
@@ -759,19 +767,44 @@ TEST_P(TensorProjection, OneRowIsThatRowOfAManyRowCall) {
     const std::vector<float> bias = RandomUniform(size_t(c.d), -1, 1, ++seed);
     for (const ProjCombo& t : kProjCombos) {
       const std::vector<float> o = RoundedTo(o0, t.o), wo = RoundedTo(wo0, t.wo);
+      const int64_t per_group = int64_t(headsum::testing::ProjectionDecodeHeadsPerGroup(
+          size_t(c.b), 1, size_t(c.h), size_t(c.l), size_t(c.d), Bytes(t.wo)));
+      ASSERT_GE(per_group, 1);
+      ASSERT_LE(per_group, c.h);
+      split_cases += per_group < c.h;
       for (bool strided : {false, true}) {
         SCOPED_TRACE(std::string(strided ? "strided" : "contiguous") + " O " + DtypeName(t.o) +
                      " Wo " + DtypeName(t.wo) + " Y " + DtypeName(t.y) + " S" +
                      std::to_string(c.s) + " H" + std::to_string(c.h) + " L" +
-                     std::to_string(c.l) + " D" + std::to_string(c.d));
+                     std::to_string(c.l) + " D" + std::to_string(c.d) + ", heads per group " +
+                     std::to_string(per_group));
         ASSERT_EQ(headsum_set_num_threads(1), HEADSUM_OK);
+        // Each group's many-row call: its heads of O and rows of Wo, f32 Y.
+        std::vector<float> sums(size_t(c.b * c.s * c.d), 0.0f);  // [b][s][d]
+        for (int64_t h0 = 0; h0 < c.h; h0 += per_group) {
+          const int64_t hg = std::min(per_group, c.h - h0);
+          const ProjCase cg = {c.b, c.s, hg, c.l, c.d};
+          const headsum_proj_shape shape_g = {c.b, c.s, hg, c.l, c.d};
+          std::vector<float> o_g(size_t(c.b * hg * c.s * c.l));  // [b][h][s][l]
+          for (int64_t b = 0; b < c.b; ++b) {
+            std::copy_n(&o[size_t(((b * c.h + h0) * c.s) * c.l)], size_t(hg * c.s * c.l),
+                        &o_g[size_t(b * hg * c.s * c.l)]);
+          }
+          const std::vector<float> wo_g(wo.begin() + h0 * c.l * c.d,
+                                        wo.begin() + (h0 + hg) * c.l * c.d);
+          ProjBuffers g = MakeProjBuffers(cg, {t.o, t.wo, HEADSUM_F32}, strided, o_g, wo_g);
+          headsum_tensor to = g.o.tensor(), tw = g.wo.tensor(), ty = g.y.tensor();
+          ASSERT_EQ(headsum_project_heads_sum_tensors(&shape_g, &to, &tw,
+                                                      h0 == 0 ? bias.data() : nullptr, &ty),
+                    HEADSUM_OK) << headsum_last_error();
+          const std::vector<float> y_g = g.y.Read();
+          for (size_t i = 0; i < sums.size(); ++i) sums[i] = h0 == 0 ? y_g[i] : sums[i] + y_g[i];
+        }
+        const std::vector<float> want = RoundedTo(sums, t.y);
         ProjBuffers all = MakeProjBuffers(c, t, strided, o, wo);
-        headsum_tensor to = all.o.tensor(), tw = all.wo.tensor(), ty = all.y.tensor();
-        ASSERT_EQ(headsum_project_heads_sum_tensors(&shape, &to, &tw, bias.data(), &ty),
-                  HEADSUM_OK) << headsum_last_error();
-        const std::vector<float> y_all = all.y.Read();  // [b][s][d]
+        headsum_tensor tw_all = all.wo.tensor();
         headsum_wo_packed* packed = nullptr;
-        ASSERT_EQ(headsum_wo_pack_tensor(&shape, &tw, &packed), HEADSUM_OK)
+        ASSERT_EQ(headsum_wo_pack_tensor(&shape, &tw_all, &packed), HEADSUM_OK)
             << headsum_last_error();
         for (int64_t s = 0; s < c.s; ++s) {
           std::vector<float> o_row(size_t(c.b * c.h * c.l));  // [b][h][0][l]
@@ -791,7 +824,7 @@ TEST_P(TensorProjection, OneRowIsThatRowOfAManyRowCall) {
               const std::vector<float> y_row = p.y.Read();  // [b][0][d]
               size_t differ = 0;
               for (int64_t b = 0; b < c.b; ++b) {
-                differ += memcmp(&y_row[b * c.d], &y_all[(b * c.s + s) * c.d],
+                differ += memcmp(&y_row[b * c.d], &want[(b * c.s + s) * c.d],
                                  size_t(c.d) * sizeof(float)) != 0;
               }
               EXPECT_EQ(differ, 0u) << "row " << s << " alone, " << threads << " threads, "
@@ -803,6 +836,9 @@ TEST_P(TensorProjection, OneRowIsThatRowOfAManyRowCall) {
       }
     }
   }
+  // The split itself is exercised: at least the H*L = D = 512 and D = 2000
+  // cases for every Wo dtype.
+  EXPECT_GE(split_cases, 2 * std::size(kProjCombos));
   headsum_set_num_threads(0);
 }
 
