@@ -152,14 +152,38 @@ inline FlashScratch CarveFlashScratch(const AttnDims& a, const AttnViews& v, flo
 // do). GCC 12 deletes a loop made only of
 // prefetches (and the calls to a function made of one): the empty asm that
 // takes each address is an effect it must keep.
+// kIntoL2: into L2 only (PrefetchIntoL2), else into L1 too.
+template <bool kIntoL2 = false>
 HWY_INLINE void PrefetchBytes(const void* p, size_t bytes) {
   if (bytes == 0) return;
   const char* c = static_cast<const char*>(p);
   for (size_t i = 0; i < bytes; i += 64) {
-    hwy::Prefetch(c + i);
+    if constexpr (kIntoL2) {
+      PrefetchIntoL2(c + i);
+    } else {
+      hwy::Prefetch(c + i);
+    }
     asm volatile("" : : "r"(c + i));
   }
-  hwy::Prefetch(c + bytes - 1);  // the same line again where p is line-aligned
+  // The same line again where p is line-aligned.
+  if constexpr (kIntoL2) {
+    PrefetchIntoL2(c + bytes - 1);
+  } else {
+    hwy::Prefetch(c + bytes - 1);
+  }
+}
+
+// The decode kernels' prefetches of K and V rows (from DRAM): f32 rows
+// into L2, 16-bit rows into L1.  On the Zen 4 VM (H=32 L=128 Skv=32768,
+// medians of 3, three alternated rounds, every attention prefetch into L2
+// against into L1): f32 K/V one thread MHA 70.7-76.8 -> 54.6-60.9 ms, GQA
+// (Hkv=8) 25.8-30.1 -> 19.1-20.2, two threads MHA 43.0-47.5 -> 38.0-40.3,
+// GQA 14.0-16.0 -> 11.2-12.9; 16-bit K/V no faster (bf16 GQA one thread
+// 9.8-11.2 -> 11.1-12.7 ms, f16 9.8-11.0 -> 11.4-12.1, bf16 MHA 28.6-35.8
+// -> 34.1-35.5; bench/results/2026-12-05-zen4-session23.md).
+template <class T>
+HWY_INLINE void PrefetchKvRow(const T* p, size_t bytes) {
+  PrefetchBytes<sizeof(T) == 4>(p, bytes);
 }
 
 // Rows of K or V of one kv head as the kernels read them: f32 in place
@@ -435,8 +459,8 @@ template <class TK, class TV>
 HWY_INLINE void PrefetchGroup8(const TK* k0, size_t ldk, size_t k_bytes, const TV* v0,
                                size_t ldv, size_t v_bytes, size_t keys_left) {
   for (size_t t = 0; t < 8; ++t) {
-    if (kPrefetchKeys8 + t < keys_left) PrefetchBytes(k0 + (kPrefetchKeys8 + t) * ldk, k_bytes);
-    PrefetchBytes(v0 + t * ldv, v_bytes);
+    if (kPrefetchKeys8 + t < keys_left) PrefetchKvRow(k0 + (kPrefetchKeys8 + t) * ldk, k_bytes);
+    PrefetchKvRow(v0 + t * ldv, v_bytes);
   }
 }
 
@@ -861,9 +885,9 @@ HWY_NOINLINE void FlashAttentionRowByDotShifted(const AttnDims& a, const float* 
     for (size_t j = done; j < nj; ++j) {
       if (a.prefetch_kv) {
         if (j0 + j + kPrefetchKeys < end) {
-          PrefetchBytes(k_rows + (j + kPrefetchKeys) * k.ld, L * sizeof(float));
+          PrefetchKvRow(k_rows + (j + kPrefetchKeys) * k.ld, L * sizeof(float));
         }
-        PrefetchBytes(v_rows + j * v.ld, L * sizeof(float));
+        PrefetchKvRow(v_rows + j * v.ld, L * sizeof(float));
       }
       s_row[j] = scale2 * Dot(q_i, k_rows + j * k.ld, L);
     }
@@ -948,8 +972,8 @@ HWY_NOINLINE void FlashAttentionRowStream(const AttnDims& a, const float* HWY_RE
   };
   const auto prefetch = [&](size_t j) {  // the K and V rows of key j, if there is one
     if (j < end) {
-      PrefetchBytes(k_g + j * ldk, row_bytes);
-      PrefetchBytes(v_g + j * ldv, row_bytes);
+      PrefetchKvRow(k_g + j * ldk, row_bytes);
+      PrefetchKvRow(v_g + j * ldv, row_bytes);
     }
   };
   for (size_t j = key_begin; j < key_begin + kStreamAhead; ++j) prefetch(j);
@@ -1075,9 +1099,9 @@ HWY_NOINLINE void FlashAttentionRowByDot(const AttnDims& a, const float* HWY_RES
     for (size_t j = done; j < nj; ++j) {
       if (a.prefetch_kv) {
         if (j0 + j + kPrefetchKeys < end) {
-          PrefetchBytes(k_tile + (j + kPrefetchKeys) * ldk, L * sizeof(TK));
+          PrefetchKvRow(k_tile + (j + kPrefetchKeys) * ldk, L * sizeof(TK));
         }
-        PrefetchBytes(v_tile + j * ldv, L * sizeof(TV));
+        PrefetchKvRow(v_tile + j * ldv, L * sizeof(TV));
       }
       s_row[j] = scale2 * Dot(q_i, k_tile + j * ldk, L);
     }
@@ -1252,15 +1276,16 @@ HWY_INLINE void PrefetchGroupKeys(const T* HWY_RESTRICT k_tile, size_t ldk,
                                   const T* HWY_RESTRICT v_tile, size_t ldv, size_t j, size_t n,
                                   size_t keys_left, size_t L, size_t v_keys) {
   for (size_t ahead = j + kPrefetchKeys; ahead < j + kPrefetchKeys + n; ++ahead) {
-    if (ahead < keys_left) PrefetchBytes(k_tile + ahead * ldk, L * sizeof(T));
+    if (ahead < keys_left) PrefetchKvRow(k_tile + ahead * ldk, L * sizeof(T));
   }
   for (size_t i = j; i < j + n; ++i) {
-    if (i < v_keys) PrefetchBytes(v_tile + i * ldv, L * sizeof(T));
+    if (i < v_keys) PrefetchKvRow(v_tile + i * ldv, L * sizeof(T));
   }
 }
 
 // The lines of `rows` rows of `bytes` bytes each, `ld` bytes apart from
 // `first`, prefetched in address order, n lines a call to Some.
+template <bool kIntoL2>  // f32 rows (PrefetchKvRow)
 class RowLinePrefetcher {
  public:
   RowLinePrefetcher(const void* first, size_t ld, size_t bytes, size_t rows)
@@ -1269,7 +1294,11 @@ class RowLinePrefetcher {
   }
   HWY_INLINE void Some(size_t n) {
     for (size_t i = 0; i < n && rows_left_ != 0; ++i) {
-      hwy::Prefetch(ptr_);
+      if constexpr (kIntoL2) {
+        PrefetchIntoL2(ptr_);
+      } else {
+        hwy::Prefetch(ptr_);
+      }
       asm volatile("" : : "r"(ptr_));  // GCC 12 deletes prefetch-only loops
       ptr_ += 64;
       if (ptr_ >= row_ + bytes_) {  // the row's last line: on to the next row
@@ -1295,13 +1324,14 @@ class RowLinePrefetcher {
 // block ahead (~400 ns at L = 128 on Zen 3).  *lines: their lines (0:
 // none), for SpreadLines to issue over the block's passes * nb calls.
 template <class T>
-HWY_INLINE RowLinePrefetcher NextPvBlock(const AttnDims& a, const T* v_tile, size_t ldv,
+HWY_INLINE RowLinePrefetcher<sizeof(T) == 4> NextPvBlock(const AttnDims& a, const T* v_tile, size_t ldv,
                                          size_t jb, size_t nj, size_t passes, size_t* lines) {
   const size_t next = jb + kPvKeys;
   const size_t rows = a.prefetch_kv && passes != 0 && next < nj ? HWY_MIN(kPvKeys, nj - next) : 0;
   const size_t bytes = a.head_dim * sizeof(T);
   *lines = rows * ((bytes + 63) / 64 + 1);  // at most, for rows off the lines
-  return RowLinePrefetcher(rows != 0 ? v_tile + next * ldv : v_tile, ldv * sizeof(T), bytes, rows);
+  return RowLinePrefetcher<sizeof(T) == 4>(rows != 0 ? v_tile + next * ldv : v_tile,
+                                           ldv * sizeof(T), bytes, rows);
 }
 
 // NextPvBlock's lines spread evenly over the block's calls: at each call
@@ -1315,8 +1345,9 @@ HWY_INLINE RowLinePrefetcher NextPvBlock(const AttnDims& a, const T* v_tile, siz
 // RowLinePrefetcher, or the bf16 loop with `while` for its `if`, ran 4-10%
 // slower again, for reasons not found: see
 // bench/results/2026-12-05-zen3-session21.md.)
-template <bool kOne>
-HWY_INLINE void SpreadLines(RowLinePrefetcher& next, size_t& credit, size_t lines, size_t calls) {
+template <bool kOne, bool kIntoL2>
+HWY_INLINE void SpreadLines(RowLinePrefetcher<kIntoL2>& next, size_t& credit, size_t lines,
+                            size_t calls) {
   credit += lines;
   if constexpr (kOne) {
     if (credit >= calls) {
@@ -1570,7 +1601,7 @@ HWY_NOINLINE void FlashAttentionGroupByDot(const AttnDims& a, const float* HWY_R
       ScaleEight(s01, scale2, s_keys + j * R);
     }
     for (; j < nj; ++j) {
-      PrefetchBytes(v_tile + j * ldv, L * sizeof(T));
+      PrefetchKvRow(v_tile + j * ldv, L * sizeof(T));
       for (size_t r = 0; r < R; ++r) {
         s_keys[j * R + r] = scale2 * Dot(q_blk + r * ldq, k_tile + j * ldk, L);
       }
@@ -1587,7 +1618,7 @@ HWY_NOINLINE void FlashAttentionGroupByDot(const AttnDims& a, const float* HWY_R
     // in passes over blocks of keys prefetches the next block instead.
     const auto prefetch_v = [&](size_t jj) {
       if (a.prefetch_kv && jj + kPvPrefetchKeys < nj) {
-        PrefetchBytes(v_tile + (jj + kPvPrefetchKeys) * ldv, L * sizeof(T));
+        PrefetchKvRow(v_tile + (jj + kPvPrefetchKeys) * ldv, L * sizeof(T));
       }
     };
     size_t c = 0;
@@ -1676,7 +1707,7 @@ HWY_NOINLINE void FlashAttentionGroupByDot(const AttnDims& a, const float* HWY_R
         const bool first = jb == 0;
         using V = hn::Vec<decltype(d)>;
         size_t lines;  // from DRAM: the next block's V rows, spread over the block's calls
-        RowLinePrefetcher next_v = NextPvBlock(a, v_tile, ldv, jb, nj, pv_passes, &lines);
+        auto next_v = NextPvBlock(a, v_tile, ldv, jb, nj, pv_passes, &lines);
         size_t credit = 0;
         const size_t calls = pv_passes * nb;
         const auto prefetch = [&](size_t) { SpreadLines<false>(next_v, credit, lines, calls); };
@@ -1873,7 +1904,7 @@ HWY_NOINLINE void FlashAttentionGroupByDotBf16Pairs(
       ScaleEight(s01, scale2, s_keys + j * R);
     }
     for (; j < nj; ++j) {
-      PrefetchBytes(v_tile + j * ldv, L * sizeof(T));
+      PrefetchKvRow(v_tile + j * ldv, L * sizeof(T));
       for (size_t r = 0; r < R; ++r) {
         s_keys[j * R + r] = scale2 * Dot(q_blk + r * ldq, k_tile + j * ldk, L);
       }
@@ -1886,7 +1917,7 @@ HWY_NOINLINE void FlashAttentionGroupByDotBf16Pairs(
     // sums carried from one key block to the next through o_tmp.
     const auto prefetch_v = [&](size_t jj) {
       if (a.prefetch_kv && jj + kPvPrefetchKeys < nj) {
-        PrefetchBytes(v_tile + (jj + kPvPrefetchKeys) * ldv, L * sizeof(T));
+        PrefetchKvRow(v_tile + (jj + kPvPrefetchKeys) * ldv, L * sizeof(T));
       }
     };
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
@@ -1938,7 +1969,7 @@ HWY_NOINLINE void FlashAttentionGroupByDotBf16Pairs(
       const size_t nb = nj - jb < kPvKeys ? nj - jb : kPvKeys;
       const bool first = jb == 0;
       size_t lines;  // from DRAM: the next block's V rows, spread over the block's calls
-      RowLinePrefetcher next_v = NextPvBlock(a, v_tile, ldv, jb, nj, pv_passes, &lines);
+      auto next_v = NextPvBlock(a, v_tile, ldv, jb, nj, pv_passes, &lines);
       size_t credit = 0;
       const size_t calls = pv_passes * nb;
       const auto prefetch = [&](size_t) { SpreadLines<kPvOneLine>(next_v, credit, lines, calls); };
