@@ -96,8 +96,23 @@ inline void QDotKRows(const AttnDims& a, const float* HWY_RESTRICT q,
   const float scale = a.scale;
   const auto score_tile = stream ? &ScoreTile<true> : &ScoreTile<false>;
 
-  for (size_t j0 = 0; j0 < keys_needed; j0 += kKeyChunk) {
-    const size_t nj = keys_needed - j0 < kKeyChunk ? keys_needed - j0 : kKeyChunk;
+  // Streamed rows that all start at the same distance from a vector
+  // boundary (Skv a whole number of vectors) begin with a chunk of the keys
+  // up to that boundary (a tail tile, regular stores), so that every later
+  // vector is aligned and goes out non-temporal: otherwise, scores 16 bytes
+  // off as std::vector gives them, none would, and each line would be read
+  // for ownership before it is overwritten (Zen 4 VM, H=8 S=2048 L=64, one
+  // thread: 0.70-0.74 of the aligned speed, oneDNN 1.02-1.05).  Every score
+  // is one FMA chain over l whatever tile computes it: the same bits.
+  size_t first_chunk = kKeyChunk;
+  if (stream && Skv % N == 0) {
+    const size_t vec_bytes = N * sizeof(float);
+    const size_t off = reinterpret_cast<uintptr_t>(s_h) % vec_bytes;
+    if (off != 0 && off % sizeof(float) == 0) first_chunk = (vec_bytes - off) / sizeof(float);
+  }
+  for (size_t j0 = 0, nj = 0; j0 < keys_needed; j0 += nj) {
+    const size_t chunk = j0 == 0 ? first_chunk : kKeyChunk;
+    nj = keys_needed - j0 < chunk ? keys_needed - j0 : chunk;
     // Panel p of the chunk: keys j0 + p .. j0 + p + width - 1, at scratch + p L,
     // rows of RoundUp(width, N) floats (zeros past the last key).
     for (size_t p = 0; p < nj; p += P) {

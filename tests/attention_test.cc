@@ -3,7 +3,10 @@
 // attention against its composed twin softmax_v(qk_scores); the masking
 // promises (masked scores -inf, fully masked rows exactly 0); and the
 // oneDNN-composed twins against the same reference.
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -114,6 +117,56 @@ TEST_P(QkScores, StreamedScoresEqualTheReference) {
   ForEachShape(SweepShapes(), [](const MhaShape& s, uint64_t n) {
     return QkScoresMatchesReference(headsum_qk_scores, s, ScaleFor(n), 1.0f, 2000 + n);
   });
+}
+
+// Streamed scores written 0..15 floats past a 64-byte boundary: where Skv
+// is a whole number of vectors, each row starts with the keys up to the
+// next vector boundary and the rest stream aligned; elsewhere nothing
+// changes.  Every placement gives the aligned placement's bits, and those
+// are within the reference's bound.
+TEST_P(QkScores, StreamedScoresAtEveryOffsetAreTheAlignedBits) {
+  struct RestoreThreshold {
+    ~RestoreThreshold() {
+      headsum::testing::SetStreamScoresBytes(headsum::testing::kDefaultStreamScoresBytes);
+    }
+  } restore;
+  headsum::testing::SetStreamScoresBytes(0);
+  const MhaShape shapes[] = {
+      {1, 2, 1, 5, 64, 17, 34, false},  {1, 3, 3, 7, 48, 64, 192, true},
+      {2, 2, 2, 3, 130, 8, 16, false},  {1, 1, 1, 9, 256, 63, 63, true},
+      {1, 2, 2, 4, 17, 16, 32, false},  {1, 4, 2, 20, 20, 3, 12, true},
+      {1, 1, 1, 65, 96, 1, 1, false}};
+  uint64_t seed = 3000;
+  for (const MhaShape& s : shapes) {
+    ++seed;
+    const headsum_attn_shape shape = s.attn();
+    const auto q = RandomUniform(s.q_elems(), -1.0f, 1.0f, 4 * seed + 1);
+    const auto k = RandomUniform(s.kv_elems(), -1.0f, 1.0f, 4 * seed + 2);
+    const size_t n = s.scores_elems();
+    std::vector<float> storage(n + 32);
+    float* const base = reinterpret_cast<float*>(
+        (reinterpret_cast<uintptr_t>(storage.data()) + 63) & ~uintptr_t{63});
+    const std::vector<float> sentinels = Sentinels(n);
+    std::vector<float> aligned;
+    for (size_t off = 0; off < 16; ++off) {
+      float* out = base + off;
+      std::copy(sentinels.begin(), sentinels.end(), out);
+      const headsum_status st = headsum_qk_scores(&shape, q.data(), k.data(), out);
+      ASSERT_EQ(st, HEADSUM_OK) << headsum_last_error();
+      if (off == 0) {
+        aligned.assign(out, out + n);
+        const RefAttnDims d(shape);
+        ASSERT_TRUE(AllWithinBound(RefQkScores(d, q.data(), k.data()),
+                                   QkScoresBound(d, q.data(), k.data()), aligned,
+                                   ScoresLayout(s)))
+            << "Sq=" << s.seq_q << " Skv=" << s.seq_kv << " L=" << s.head_dim;
+        continue;
+      }
+      ASSERT_EQ(std::memcmp(out, aligned.data(), n * sizeof(float)), 0)
+          << "Sq=" << s.seq_q << " Skv=" << s.seq_kv << " L=" << s.head_dim
+          << " causal=" << s.causal << ", " << off << " floats past a 64-byte boundary";
+    }
+  }
 }
 
 HEADSUM_INSTANTIATE_FOR_COMPILED_TARGETS(QkScores);
