@@ -89,6 +89,15 @@ testing::AssertionResult QkScoresMatchesReference(QkFn fn, const MhaShape& s, fl
                         scores, ScoresLayout(s));
 }
 
+// Every score tensor takes the non-temporal path (headsum::testing's
+// streaming threshold at 0) while one of these lives.
+struct StreamAllScores {
+  StreamAllScores() { headsum::testing::SetStreamScoresBytes(0); }
+  ~StreamAllScores() {
+    headsum::testing::SetStreamScoresBytes(headsum::testing::kDefaultStreamScoresBytes);
+  }
+};
+
 class QkScores : public TargetTest {};
 
 TEST_P(QkScores, EqualsScaledQKTransposeWithMinusInfWhereMasked) {
@@ -108,12 +117,7 @@ TEST_P(QkScores, LargeMagnitudesStayWithinBound) {
 // default) are written with non-temporal stores; with the threshold at 0 the
 // whole sweep takes that path.
 TEST_P(QkScores, StreamedScoresEqualTheReference) {
-  struct RestoreThreshold {
-    ~RestoreThreshold() {
-      headsum::testing::SetStreamScoresBytes(headsum::testing::kDefaultStreamScoresBytes);
-    }
-  } restore;
-  headsum::testing::SetStreamScoresBytes(0);
+  const StreamAllScores stream_all;
   ForEachShape(SweepShapes(), [](const MhaShape& s, uint64_t n) {
     return QkScoresMatchesReference(headsum_qk_scores, s, ScaleFor(n), 1.0f, 2000 + n);
   });
@@ -125,12 +129,7 @@ TEST_P(QkScores, StreamedScoresEqualTheReference) {
 // changes.  Every placement gives the aligned placement's bits, and those
 // are within the reference's bound.
 TEST_P(QkScores, StreamedScoresAtEveryOffsetAreTheAlignedBits) {
-  struct RestoreThreshold {
-    ~RestoreThreshold() {
-      headsum::testing::SetStreamScoresBytes(headsum::testing::kDefaultStreamScoresBytes);
-    }
-  } restore;
-  headsum::testing::SetStreamScoresBytes(0);
+  const StreamAllScores stream_all;
   const MhaShape shapes[] = {
       {1, 2, 1, 5, 64, 17, 34, false},  {1, 3, 3, 7, 48, 64, 192, true},
       {2, 2, 2, 3, 130, 8, 16, false},  {1, 1, 1, 9, 256, 63, 63, true},
