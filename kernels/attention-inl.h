@@ -174,7 +174,8 @@ HWY_INLINE void PrefetchBytes(const void* p, size_t bytes) {
 }
 
 // The decode kernels' prefetches of K and V rows (from DRAM): f32 rows
-// into L2, 16-bit rows into L1.  On the Zen 4 VM (H=32 L=128 Skv=32768,
+// into L2, 16-bit rows into L1 (except V rows read a whole tile later, which
+// go into L2 whatever their dtype: PrefetchGroup8).  On the Zen 4 VM (H=32 L=128 Skv=32768,
 // medians of 3, three alternated rounds, every attention prefetch into L2
 // against into L1): f32 K/V one thread MHA 70.7-76.8 -> 54.6-60.9 ms, GQA
 // (Hkv=8) 25.8-30.1 -> 19.1-20.2, two threads MHA 43.0-47.5 -> 38.0-40.3,
