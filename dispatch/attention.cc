@@ -129,37 +129,55 @@ bool KvFromMemory(const AttnDims& a, const AttnViews& views) {
   return cache == 0 || bytes > HWY_MIN(cache / 2, size_t{16} << 20);
 }
 
-// Whether a one-row decode over 16-bit K/V from memory runs on
-// FlashAttentionRowStream (AttnDims::row_stream).  It was tuned on the
-// Sapphire Rapids VM, where it beat the 512-key tiles (H=32 L=128
-// Skv=32768, one thread: bf16 45.0 -> 39.1 ms, f16 44.0 -> 40.9; see the
-// kernel).  On a Zen 4 VM (AMD EPYC, AVX-512, 1 MiB L2, 32 MiB L3, a read
-// probe of ~24 GB/s on one core) it was the slower by far: the same shape,
-// 3 alternated rounds, medians of 5, one thread f16 41.6-44.5 -> 29.0-33.1
-// ms with the tiles, bf16 47.3-50.6 -> 29.4-30.2 (47% -> 74-77% of the
-// probe); two threads f16 22.5-25.8 -> 16.6-23.7, bf16 25.0-25.8 ->
-// 22.7-22.8.  No prefetch distance (8-64 keys), hint (T0, T1, T2, NTA),
-// tile length (16-512 keys) or no software prefetch at all brought it near
-// the tiles there (bench/results/2026-12-05-zen4-session22.md).  So it runs
-// on Intel CPUs, where it was measured to win, and on non-x86 targets as
-// before (not measured on Arm hardware); other x86 CPUs take the tiles.
-bool RowStreamPreferred() {
-  static const bool preferred = [] {
+// How a one-row decode over 16-bit K/V from memory runs on this CPU: on
+// the 512-key tiles of FlashAttentionRowByDot, or on FlashAttentionRowStream
+// (AttnDims::row_stream) scoring keys eight at a time with software prefetch
+// or one at a time without (AttnDims::stream_key_by_key).
+//  - Intel: the stream, eight keys at a time.  Tuned on the Sapphire Rapids
+//    VM, where it beat the 512-key tiles (H=32 L=128 Skv=32768, one thread:
+//    bf16 45.0 -> 39.1 ms, f16 44.0 -> 40.9; see the kernel).
+//  - AMD: the stream, key by key.  On a Zen 4 VM (AMD EPYC, AVX-512, 1 MiB
+//    L2, 32 MiB L3) the eight-key stream was the slower by far (session 22:
+//    one thread f16 41.6-44.5 ms against 29.0-33.1 with the tiles, bf16
+//    47.3-50.6 against 29.4-30.2), and every prefetch distance and hint
+//    left it there.  What held it back was the eight-key groups and the
+//    prefetches: a copy of the kernel on one 64 MB bf16 K and V stream read
+//    them in 45-51 ns a key with eight-key groups, 17-20 ns one key at a
+//    time (f16 38-43 -> 17-20), and in the library one key at a time 26-33
+//    ns with the prefetches, 20-23 without (bench/results/
+//    2026-12-06-zen4-session26.md).  In the library (H=32 L=128 Skv=32768,
+//    medians of 5, 3 rounds alternated): one thread f16 28.3-31.7 ns a key
+//    and head on the tiles -> 21.5-26.4 key by key, bf16 30.4-32.0 ->
+//    22.4-22.6; two threads f16 17.4-22.5 -> 12.9-18.8, bf16 17.9-21.7 ->
+//    13.8-18.0.
+//  - Other x86 CPUs: the tiles (neither stream measured there).
+//  - Other architectures: the stream, eight keys at a time, as before (not
+//    measured on Arm hardware).
+enum class RowStreamKind { kTiles, kEightKeys, kKeyByKey };
+
+RowStreamKind RowStreamFor() {
+  static const RowStreamKind preferred = [] {
 #if defined(__x86_64__) || defined(__i386__)
     unsigned a = 0, b = 0, c = 0, d = 0;
-    if (!__get_cpuid(0, &a, &b, &c, &d)) return false;
+    if (!__get_cpuid(0, &a, &b, &c, &d)) return RowStreamKind::kTiles;
     char vendor[13];
     memcpy(vendor, &b, 4);
     memcpy(vendor + 4, &d, 4);
     memcpy(vendor + 8, &c, 4);
     vendor[12] = '\0';
-    return strcmp(vendor, "GenuineIntel") == 0;
+    if (strcmp(vendor, "GenuineIntel") == 0) return RowStreamKind::kEightKeys;
+    if (strcmp(vendor, "AuthenticAMD") == 0) return RowStreamKind::kKeyByKey;
+    return RowStreamKind::kTiles;
 #else
-    return true;
+    return RowStreamKind::kEightKeys;
 #endif
   }();
-  const int mode = RowStreamMode();
-  return mode == testing::kRowStreamAuto ? preferred : mode != 0;
+  switch (RowStreamMode()) {
+    case 0: return RowStreamKind::kTiles;
+    case 1: return RowStreamKind::kEightKeys;
+    case 2: return RowStreamKind::kKeyByKey;
+    default: return preferred;
+  }
 }
 
 headsum_status Attention(const AttnDims& a, const float* q, const float* k, const float* v,
@@ -175,7 +193,9 @@ headsum_status Attention(const AttnDims& a, const float* q, const float* k, cons
 headsum_status Attention(const AttnDims& dims, const AttnViews& views) {
   AttnDims a = dims;
   a.prefetch_kv = KvFromMemory(dims, views);
-  a.row_stream = RowStreamPreferred();
+  const RowStreamKind stream = RowStreamFor();
+  a.row_stream = stream != RowStreamKind::kTiles;
+  a.stream_key_by_key = stream == RowStreamKind::kKeyByKey;
   // bf16 inputs (or any, under fpmath BF16) on a native bf16 path in force.
   // (Except few rows of bf16 on AMX_BF16: NativeFewRowsOnF32.)
   if (const native::Path* n = NativeFor({views.q.dtype, views.k.dtype, views.v.dtype})) {

@@ -38,10 +38,12 @@ constexpr size_t kKvInCacheAuto = ~size_t{0};
 void SetKvInCacheBytes(size_t bytes);
 
 // Whether a one-row decode over 16-bit K/V read from memory runs on the
-// streaming kernel (AttnDims::row_stream): kRowStreamAuto (the default) as
-// dispatch chooses for this CPU, 0 never, 1 wherever the kernel exists.
-// Tests set each to run both paths on every CPU.  Process-wide; for tests
-// only.
+// streaming kernel (AttnDims::row_stream) and how: kRowStreamAuto (the
+// default) as dispatch chooses for this CPU, 0 never (512-key tiles), 1
+// wherever the kernel exists with keys scored eight at a time and software
+// prefetch, 2 wherever it exists with keys scored one at a time and no
+// software prefetch (AttnDims::stream_key_by_key).  Tests set each to run
+// every path on every CPU.  Process-wide; for tests only.
 constexpr int kRowStreamAuto = -1;
 void SetRowStream(int mode);
 

@@ -937,6 +937,14 @@ HWY_NOINLINE void FlashAttentionRowByDotShifted(const AttnDims& a, const float* 
 // dot path (H=32 L=128 Skv=32768, paired): bf16 45.0 -> 39.1 ms on one
 // thread, 23.1 -> 20.3 on two; f16 44.0 -> 40.9, 22.6 -> 21.5.  4, 12 or 16
 // keys ahead, 8- or 32-key tiles, no K or no V prefetch: 0.82-0.98 (bf16).
+// With AttnDims::stream_key_by_key (AMD CPUs: see RowStreamFor) a tile's
+// keys are scored one at a time, each dot product reduced on its own, and
+// nothing is prefetched by software.  On the Zen 4 VM a copy of this kernel
+// over one 64 MB bf16 K and V stream (one thread) took 45-51 ns a key with
+// eight-key groups and 17-20 ns key by key (f16 38-43 -> 17-20); in the
+// library the prefetches cost a further 26-33 -> 20-23 there.  (Why eight
+// rows' loads together stall there and one row's do not was not found out:
+// no hardware counters in that VM.)
 constexpr size_t kStreamKeys = 16;
 constexpr size_t kStreamAhead = 8;
 
@@ -982,8 +990,9 @@ HWY_NOINLINE void FlashAttentionRowStream(const AttnDims& a, const float* HWY_RE
     for (size_t c = 1; c < kC; ++c) s = hn::MulAdd(q[c], x[c], s);
     return s;
   };
+  const bool by_key = a.stream_key_by_key;
   const auto prefetch = [&](size_t j) {  // the K and V rows of key j, if there is one
-    if (j < end) {
+    if (j < end && !by_key) {
       PrefetchKvRow(k_g + j * ldk, row_bytes);
       PrefetchKvRow(v_g + j * ldv, row_bytes);
     }
@@ -994,6 +1003,9 @@ HWY_NOINLINE void FlashAttentionRowStream(const AttnDims& a, const float* HWY_RE
     const size_t nj = end - j0 < kStreamKeys ? end - j0 : kStreamKeys;
     const T* HWY_RESTRICT k_tile = k_g + j0 * ldk;
     size_t j = 0;
+    if (by_key) {  // AttnDims::stream_key_by_key: no prefetch either
+      for (; j < nj; ++j) s[j] = scale2 * hn::GetLane(hn::SumOfLanes(d, dot(k_tile + j * ldk)));
+    }
     for (; j + 8 <= nj; j += 8) {
       for (size_t t = 0; t < 8; ++t) prefetch(j0 + j + kStreamAhead + t);
       const T* HWY_RESTRICT k0 = k_tile + j * ldk;

@@ -19,8 +19,15 @@ struct AttnDims {
   // Whether a one-row decode over 16-bit K/V read from memory may run on
   // FlashAttentionRowStream (K and V side by side in 16-key tiles, q and the
   // accumulator in registers) rather than on 512-key tiles of K, then V
-  // (dispatch decides per CPU; see RowStreamPreferred).
+  // (dispatch decides per CPU; see RowStreamFor).
   bool row_stream = true;
+  // How FlashAttentionRowStream scores a tile's keys: false, eight at a
+  // time (their dot products reduced together) with the K and V rows
+  // prefetched kStreamAhead keys on; true, one key at a time (each dot
+  // product reduced on its own) with no software prefetch, the hardware
+  // prefetchers left to follow the two streams (dispatch decides per CPU;
+  // see RowStreamFor).
+  bool stream_key_by_key = false;
 
   size_t group() const { return heads / kv_heads; }  // query heads per kv head
   // Bottom-right aligned causal mask: query i sees key j when j <= i + offset.

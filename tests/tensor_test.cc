@@ -392,8 +392,9 @@ TEST_P(TensorAttention, EveryDtypeAndLayoutMatchesReference) {
         if (c.sq <= 3) {
           // A decode step's K/V counted as read from memory: the one-key,
           // prefetching dot path (these small K/V take the eight-key one),
-          // for one query row of 16-bit K/V both the streaming kernel and
-          // the 512-key tiles, whichever this CPU would choose.
+          // for one query row of 16-bit K/V the 512-key tiles and the
+          // streaming kernel both ways (eight keys at a time with prefetch,
+          // key by key without), whichever this CPU would choose.
           struct RestoreThreshold {
             ~RestoreThreshold() {
               headsum::testing::SetKvInCacheBytes(headsum::testing::kKvInCacheAuto);
@@ -401,8 +402,10 @@ TEST_P(TensorAttention, EveryDtypeAndLayoutMatchesReference) {
             }
           } restore;
           headsum::testing::SetKvInCacheBytes(0);
-          for (const int row_stream : {0, 1}) {
-            SCOPED_TRACE(row_stream ? "row stream" : "512-key tiles");
+          for (const int row_stream : {0, 1, 2}) {
+            SCOPED_TRACE(row_stream == 0   ? "512-key tiles"
+                         : row_stream == 1 ? "row stream, eight keys"
+                                           : "row stream, key by key");
             headsum::testing::SetRowStream(row_stream);
             bufs.out.bytes = out_before;
             ASSERT_EQ(headsum_attention_tensors(&shape, &tq, &tk, &tv, &to), HEADSUM_OK)
