@@ -141,10 +141,11 @@ bool KvFromMemory(const AttnDims& a, const AttnViews& views) {
 //    one thread f16 41.6-44.5 ms against 29.0-33.1 with the tiles, bf16
 //    47.3-50.6 against 29.4-30.2), and every prefetch distance and hint
 //    left it there.  What held it back was the eight-key groups and the
-//    prefetches: a copy of the kernel on one 64 MB bf16 K and V stream read
-//    them in 45-51 ns a key with eight-key groups, 17-20 ns one key at a
-//    time (f16 38-43 -> 17-20), and in the library one key at a time 26-33
-//    ns with the prefetches, 20-23 without (bench/results/
+//    prefetches: a copy of the kernel on one 64 MB bf16 K and V stream, no
+//    software prefetch, read them in 45-51 ns a key with eight-key groups,
+//    17-20 ns one key at a time (f16 39-43 -> 17-20), and in the library
+//    one key at a time took 31-53 ns with the prefetches, 20-23 without
+//    (bench/results/
 //    2026-12-06-zen4-session26.md).  In the library (H=32 L=128 Skv=32768,
 //    medians of 5, 3 rounds alternated): one thread f16 28.3-31.7 ns a key
 //    and head on the tiles -> 21.5-26.4 key by key, bf16 30.4-32.0 ->

@@ -940,9 +940,10 @@ HWY_NOINLINE void FlashAttentionRowByDotShifted(const AttnDims& a, const float* 
 // With AttnDims::stream_key_by_key (AMD CPUs: see RowStreamFor) a tile's
 // keys are scored one at a time, each dot product reduced on its own, and
 // nothing is prefetched by software.  On the Zen 4 VM a copy of this kernel
-// over one 64 MB bf16 K and V stream (one thread) took 45-51 ns a key with
-// eight-key groups and 17-20 ns key by key (f16 38-43 -> 17-20); in the
-// library the prefetches cost a further 26-33 -> 20-23 there.  (Why eight
+// over one 64 MB bf16 K and V stream (one thread, no software prefetch)
+// took 45-51 ns a key with eight-key groups and 17-20 ns key by key (f16
+// 39-43 -> 17-20); in the library, over the same stream, key by key took
+// 31-53 ns with the prefetches and 20-23 without.  (Why eight
 // rows' loads together stall there and one row's do not was not found out:
 // no hardware counters in that VM.)
 constexpr size_t kStreamKeys = 16;
