@@ -145,8 +145,7 @@ bool KvFromMemory(const AttnDims& a, const AttnViews& views) {
 //    software prefetch, read them in 45-51 ns a key with eight-key groups,
 //    17-20 ns one key at a time (f16 39-43 -> 17-20), and in the library
 //    one key at a time took 31-53 ns with the prefetches, 20-23 without
-//    (bench/results/
-//    2026-12-06-zen4-session26.md).  In the library (H=32 L=128 Skv=32768,
+//    (bench/results/2026-12-06-zen4-session26.md).  In the library (H=32 L=128 Skv=32768,
 //    medians of 5, 3 rounds alternated): one thread f16 28.3-31.7 ns a key
 //    and head on the tiles -> 21.5-26.4 key by key, bf16 30.4-32.0 ->
 //    22.4-22.6; two threads f16 17.4-22.5 -> 12.9-18.8, bf16 17.9-21.7 ->

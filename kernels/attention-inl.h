@@ -1004,10 +1004,8 @@ HWY_NOINLINE void FlashAttentionRowStream(const AttnDims& a, const float* HWY_RE
     const size_t nj = end - j0 < kStreamKeys ? end - j0 : kStreamKeys;
     const T* HWY_RESTRICT k_tile = k_g + j0 * ldk;
     size_t j = 0;
-    if (by_key) {  // AttnDims::stream_key_by_key: no prefetch either
-      for (; j < nj; ++j) s[j] = scale2 * hn::GetLane(hn::SumOfLanes(d, dot(k_tile + j * ldk)));
-    }
-    for (; j + 8 <= nj; j += 8) {
+    // AttnDims::stream_key_by_key: every key by the one-key loop below.
+    for (; !by_key && j + 8 <= nj; j += 8) {
       for (size_t t = 0; t < 8; ++t) prefetch(j0 + j + kStreamAhead + t);
       const T* HWY_RESTRICT k0 = k_tile + j * ldk;
       HWY_ALIGN float s8[8];
