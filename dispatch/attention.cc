@@ -129,7 +129,8 @@ bool KvFromMemory(const AttnDims& a, const AttnViews& views) {
   return cache == 0 || bytes > HWY_MIN(cache / 2, size_t{16} << 20);
 }
 
-// How a one-row decode over 16-bit K/V from memory runs on this CPU: on
+// How a one-row decode over 16-bit K/V from memory (f32 K/V too, where it
+// is key by key: see RowStreams) runs on this CPU: on
 // the 512-key tiles of FlashAttentionRowByDot, or on FlashAttentionRowStream
 // (AttnDims::row_stream) scoring keys eight at a time with software prefetch
 // or one at a time without (AttnDims::stream_key_by_key).
@@ -149,7 +150,10 @@ bool KvFromMemory(const AttnDims& a, const AttnViews& views) {
 //    medians of 5, 3 rounds alternated): one thread f16 28.3-31.7 ns a key
 //    and head on the tiles -> 21.5-26.4 key by key, bf16 30.4-32.0 ->
 //    22.4-22.6; two threads f16 17.4-22.5 -> 12.9-18.8, bf16 17.9-21.7 ->
-//    13.8-18.0.
+//    13.8-18.0.  f32 K/V key by key as well (session 27; before, the
+//    512-key tiles or their aligned-frame form): one thread, 16 bytes off,
+//    4 rounds alternated, medians of 7: 45.7-51.2 -> 42.6-47.7 ns a key and
+//    head (faster in all 4); 64-byte aligned 52.3-56.3 -> 48.4-54.2 (all 3).
 //  - Other x86 CPUs: the tiles (neither stream measured there).
 //  - Other architectures: the stream, eight keys at a time, as before (not
 //    measured on Arm hardware).

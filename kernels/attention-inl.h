@@ -918,7 +918,8 @@ HWY_NOINLINE void FlashAttentionRowByDotShifted(const AttnDims& a, const float* 
 
 #if HWY_TARGET != HWY_SCALAR && !HWY_HAVE_SCALABLE && !(HWY_ARCH_X86 && HWY_TARGET > HWY_AVX3)
 // One query row over 16-bit K and V rows read from memory (a decode step
-// over a long f16 or bf16 cache, AttnDims::prefetch_kv), on targets with 32
+// over a long f16 or bf16 cache, AttnDims::prefetch_kv; f32 rows too where
+// the keys go one at a time: see RowStreams), on targets with 32
 // vector registers, L = kC vectors (kC <= 8): q and the row's accumulator
 // stay in registers for the whole key range, and the keys go by in tiles of
 // kStreamKeys (the scores of one tile, then its P V), so that the K and the
@@ -1054,14 +1055,22 @@ HWY_NOINLINE void FlashAttentionRowStream(const AttnDims& a, const float* HWY_RE
   }
 }
 
-// Whether FlashAttentionRowByDot runs on FlashAttentionRowStream: 16-bit K
-// and V of one dtype read from memory, L a whole number of vectors, up to 8,
-// on a CPU where dispatch prefers it (AttnDims::row_stream).
+// Whether FlashAttentionRowByDot runs on FlashAttentionRowStream: K and V
+// of one dtype read from memory, L a whole number of vectors, up to 8, on a
+// CPU where dispatch prefers it (AttnDims::row_stream); f32 rows only key by
+// key (AttnDims::stream_key_by_key), the eight-key stream having been
+// measured for 16-bit rows alone.  f32 rows key by key against the 512-key
+// tiles (aligned rows) or their aligned-frame form (rows 16 bytes off), on
+// the Zen 4 VM (a copy of both over one 64 MB f32 K and V stream, L=128,
+// one thread, 15 rounds alternated, medians): 16 bytes off 57.2 -> 46.6 ns
+// a key (17.9 -> 22.0 GB/s), aligned 58.4 -> 47.2; the eight-key stream
+// with its prefetches 59.9 / 55.6.
 template <class TK, class TV>
 HWY_INLINE bool RowStreams(const AttnDims& a) {
   const size_t N = hn::Lanes(hn::ScalableTag<float>());
-  return std::is_same_v<TK, TV> && !std::is_same_v<TK, float> && a.prefetch_kv && a.row_stream &&
-         a.head_dim % N == 0 && a.head_dim / N >= 1 && a.head_dim / N <= 8;
+  return std::is_same_v<TK, TV> && (!std::is_same_v<TK, float> || a.stream_key_by_key) &&
+         a.prefetch_kv && a.row_stream && a.head_dim % N == 0 && a.head_dim / N >= 1 &&
+         a.head_dim / N <= 8;
 }
 #endif
 
@@ -1083,18 +1092,8 @@ HWY_NOINLINE void FlashAttentionRowByDot(const AttnDims& a, const float* HWY_RES
   const size_t L = a.head_dim;
   const size_t end = visible < key_end ? visible : key_end;
   const float scale2 = Base2Scale(a);
-#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3  // FlashAttentionRowByDotShifted
-  if constexpr (std::is_same_v<TK, float> && std::is_same_v<TV, float>) {
-    if (((reinterpret_cast<uintptr_t>(k_g) | reinterpret_cast<uintptr_t>(v_g)) % 64 != 0) &&
-        ShiftedFrameFits(k_g, ldk, L) && ShiftedFrameFits(v_g, ldv, L)) {
-      FlashAttentionRowByDotShifted(a, q_i, ShiftedRows(k_g, ldk, L), ShiftedRows(v_g, ldv, L),
-                                    visible, key_begin, key_end, acc, m, l, bad, s_row);
-      return;
-    }
-  }
-#endif
 #if HWY_TARGET != HWY_SCALAR && !HWY_HAVE_SCALABLE && !(HWY_ARCH_X86 && HWY_TARGET > HWY_AVX3)
-  if constexpr (std::is_same_v<TK, TV> && !std::is_same_v<TK, float>) {
+  if constexpr (std::is_same_v<TK, TV>) {
     if (RowStreams<TK, TV>(a)) {
       const auto run = [&](auto kc) {
         FlashAttentionRowStream<decltype(kc)::value>(a, q_i, k_g, ldk, v_g, ldv, key_begin, end,
@@ -1110,6 +1109,16 @@ HWY_NOINLINE void FlashAttentionRowByDot(const AttnDims& a, const float* HWY_RES
         case 7: return run(std::integral_constant<size_t, 7>());
         default: return run(std::integral_constant<size_t, 8>());
       }
+    }
+  }
+#endif
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3  // FlashAttentionRowByDotShifted
+  if constexpr (std::is_same_v<TK, float> && std::is_same_v<TV, float>) {
+    if (((reinterpret_cast<uintptr_t>(k_g) | reinterpret_cast<uintptr_t>(v_g)) % 64 != 0) &&
+        ShiftedFrameFits(k_g, ldk, L) && ShiftedFrameFits(v_g, ldv, L)) {
+      FlashAttentionRowByDotShifted(a, q_i, ShiftedRows(k_g, ldk, L), ShiftedRows(v_g, ldv, L),
+                                    visible, key_begin, key_end, acc, m, l, bad, s_row);
+      return;
     }
   }
 #endif

@@ -26,7 +26,7 @@ struct AttnDims {
   // prefetched kStreamAhead keys on; true, one key at a time (each dot
   // product reduced on its own) with no software prefetch, the hardware
   // prefetchers left to follow the two streams (dispatch decides per CPU;
-  // see RowStreamFor).
+  // see RowStreamFor).  Key by key, f32 K/V from memory stream too.
   bool stream_key_by_key = false;
 
   size_t group() const { return heads / kv_heads; }  // query heads per kv head

@@ -394,7 +394,8 @@ TEST_P(TensorAttention, EveryDtypeAndLayoutMatchesReference) {
           // prefetching dot path (these small K/V take the eight-key one),
           // for one query row of 16-bit K/V the 512-key tiles and the
           // streaming kernel both ways (eight keys at a time with prefetch,
-          // key by key without), whichever this CPU would choose.
+          // key by key without; f32 K/V key by key too), whichever this CPU
+          // would choose.
           struct RestoreThreshold {
             ~RestoreThreshold() {
               headsum::testing::SetKvInCacheBytes(headsum::testing::kKvInCacheAuto);
