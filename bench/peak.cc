@@ -71,6 +71,28 @@ float SumFloats(const float* HWY_RESTRICT p, size_t n) {
   return hn::GetLane(hn::SumOfLanes(d, sum));
 }
 
+// The sums of n floats at p and of n at q, the two read side by side (four
+// vector chains each), as a decode step reads its K and V streams.
+float SumFloats2(const float* HWY_RESTRICT p, const float* HWY_RESTRICT q, size_t n) {
+  const hn::ScalableTag<float> d;
+  const size_t N = hn::Lanes(d);
+  auto s0 = hn::Zero(d), s1 = hn::Zero(d), s2 = hn::Zero(d), s3 = hn::Zero(d);
+  auto s4 = hn::Zero(d), s5 = hn::Zero(d), s6 = hn::Zero(d), s7 = hn::Zero(d);
+  for (size_t i = 0; i + 4 * N <= n; i += 4 * N) {
+    s0 = hn::Add(s0, hn::LoadU(d, p + i));
+    s1 = hn::Add(s1, hn::LoadU(d, p + i + N));
+    s2 = hn::Add(s2, hn::LoadU(d, p + i + 2 * N));
+    s3 = hn::Add(s3, hn::LoadU(d, p + i + 3 * N));
+    s4 = hn::Add(s4, hn::LoadU(d, q + i));
+    s5 = hn::Add(s5, hn::LoadU(d, q + i + N));
+    s6 = hn::Add(s6, hn::LoadU(d, q + i + 2 * N));
+    s7 = hn::Add(s7, hn::LoadU(d, q + i + 3 * N));
+  }
+  const auto sum = hn::Add(hn::Add(hn::Add(s0, s1), hn::Add(s2, s3)),
+                           hn::Add(hn::Add(s4, s5), hn::Add(s6, s7)));
+  return hn::GetLane(hn::SumOfLanes(d, sum));
+}
+
 // NOLINTNEXTLINE(google-readability-namespace-comments)
 }  // namespace HWY_NAMESPACE
 }  // namespace bench
@@ -102,6 +124,12 @@ HWY_EXPORT(TargetOfProbe);
 HWY_EXPORT(SumFloats);
 
 float SumFloats(const float* p, size_t n) { return HWY_DYNAMIC_DISPATCH(SumFloats)(p, n); }
+
+HWY_EXPORT(SumFloats2);
+
+float SumFloats2(const float* p, const float* q, size_t n) {
+  return HWY_DYNAMIC_DISPATCH(SumFloats2)(p, q, n);
+}
 
 Peak MeasureSingleCorePeak() {
   float sink = 0.0f;

@@ -28,6 +28,9 @@ double MeasureTargetPeak(const char* target);
 // aligned and n a multiple of 128 (every target's 8 vectors), at the best
 // target this CPU supports.
 float SumFloats(const float* p, size_t n);
+// Two streams read side by side: the sum of n floats at p and n at q (any
+// alignment; n a multiple of 64, every target's 4 vectors).
+float SumFloats2(const float* p, const float* q, size_t n);
 
 }  // namespace bench
 }  // namespace headsum

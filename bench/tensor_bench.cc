@@ -8,6 +8,9 @@
 //       read per second
 //   BM_read_probe/bytes:N    sums a buffer of N bytes (K+V's size), the
 //       read bandwidth the decode rows are measured against
+//   BM_read_probe2/bytes:N   the same bytes as two buffers of N/2 read side
+//       by side (as a decode reads K and V; on the Zen 4 VM 3-10% more
+//       than one stream); tensor_table.py divides by the faster probe
 //   BM_decode_twin/{headsum,onednn}/kv:bf16/H:../Skv:..   headsum decode with
 //       bf16 K/V vs oneDNN composed bf16 attention (matmul bf16 -> f32,
 //       softmax, P in bf16, matmul bf16 -> f32)
@@ -141,6 +144,34 @@ void BM_read_probe(benchmark::State& state, size_t bytes, int threads) {
   }
   state.counters["GB/s"] =
       benchmark::Counter(double(n) * 4e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// BM_read_probe over two streams read side by side (bench/peak.cc's
+// SumFloats2), `bytes` in all, half in each, each thread one part of both:
+// the read bandwidth of a kernel that reads two streams (a decode step's K
+// and V), which on some machines is more than one stream gets.
+void BM_read_probe2(benchmark::State& state, size_t bytes, int threads) {
+  // Whole chunks of 64 floats (every target's 4 vectors) per thread and stream.
+  const size_t n = bytes / 8 / (64 * size_t(threads)) * (64 * size_t(threads));
+  Buffer a(n, HEADSUM_F32, 5), b(n, HEADSUM_F32, 6);
+  const float* p = static_cast<const float*>(a.get());
+  const float* q = static_cast<const float*>(b.get());
+  const size_t chunk = n / size_t(threads);
+  float partial[64] = {};
+  const auto sweep = [&] {
+#pragma omp parallel for num_threads(threads) schedule(static, 1) if (threads > 1)
+    for (int t = 0; t < threads; ++t) {
+      partial[t * 16] =
+          headsum::bench::SumFloats2(p + chunk * size_t(t), q + chunk * size_t(t), chunk);
+    }
+  };
+  sweep();  // warm-up, as BM_read_probe
+  for (auto _ : state) {
+    sweep();
+    benchmark::DoNotOptimize(partial);
+  }
+  state.counters["GB/s"] =
+      benchmark::Counter(double(n) * 8e-9, benchmark::Counter::kIsIterationInvariantRate);
 }
 
 // ---------------------------------------------------------------------------
@@ -321,6 +352,11 @@ void Register() {
     for (size_t mib : {size_t(1024), size_t(512), size_t(256), size_t(128)}) {
       const std::string name = "BM_read_probe/bytes:" + std::to_string(mib) + "MiB" + t;
       benchmark::RegisterBenchmark(name.c_str(), BM_read_probe, mib << 20, threads)
+          ->UseRealTime()->Unit(benchmark::kMicrosecond);
+    }
+    for (size_t mib : {size_t(512), size_t(128)}) {
+      const std::string name = "BM_read_probe2/bytes:" + std::to_string(mib) + "MiB" + t;
+      benchmark::RegisterBenchmark(name.c_str(), BM_read_probe2, mib << 20, threads)
           ->UseRealTime()->Unit(benchmark::kMicrosecond);
     }
     // bf16 decode vs oneDNN's composed bf16 attention.
