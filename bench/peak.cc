@@ -48,37 +48,16 @@ double FmaChains(size_t reps, float* sink) {
 
 const char* TargetOfProbe() { return hwy::TargetName(HWY_TARGET); }
 
-// Read-bandwidth probe: the sum of n floats from a 64-byte aligned p (n a
-// multiple of 8 vectors), 8 independent accumulators so that the adds never
-// wait on each other; the loads are the only limit.
-float SumFloats(const float* HWY_RESTRICT p, size_t n) {
+// Read-bandwidth probes: 8 independent accumulators so that the adds never
+// wait on each other; the loads are the only limit.  Chains 0-3 read p,
+// chains 4-7 read q, both `step` floats a round over [0, n).
+HWY_INLINE float SumEightChains(const float* HWY_RESTRICT p, const float* HWY_RESTRICT q,
+                                size_t n, size_t step) {
   const hn::ScalableTag<float> d;
   const size_t N = hn::Lanes(d);
   auto s0 = hn::Zero(d), s1 = hn::Zero(d), s2 = hn::Zero(d), s3 = hn::Zero(d);
   auto s4 = hn::Zero(d), s5 = hn::Zero(d), s6 = hn::Zero(d), s7 = hn::Zero(d);
-  for (size_t i = 0; i + 8 * N <= n; i += 8 * N) {
-    s0 = hn::Add(s0, hn::Load(d, p + i));
-    s1 = hn::Add(s1, hn::Load(d, p + i + N));
-    s2 = hn::Add(s2, hn::Load(d, p + i + 2 * N));
-    s3 = hn::Add(s3, hn::Load(d, p + i + 3 * N));
-    s4 = hn::Add(s4, hn::Load(d, p + i + 4 * N));
-    s5 = hn::Add(s5, hn::Load(d, p + i + 5 * N));
-    s6 = hn::Add(s6, hn::Load(d, p + i + 6 * N));
-    s7 = hn::Add(s7, hn::Load(d, p + i + 7 * N));
-  }
-  const auto sum = hn::Add(hn::Add(hn::Add(s0, s1), hn::Add(s2, s3)),
-                           hn::Add(hn::Add(s4, s5), hn::Add(s6, s7)));
-  return hn::GetLane(hn::SumOfLanes(d, sum));
-}
-
-// The sums of n floats at p and of n at q, the two read side by side (four
-// vector chains each), as a decode step reads its K and V streams.
-float SumFloats2(const float* HWY_RESTRICT p, const float* HWY_RESTRICT q, size_t n) {
-  const hn::ScalableTag<float> d;
-  const size_t N = hn::Lanes(d);
-  auto s0 = hn::Zero(d), s1 = hn::Zero(d), s2 = hn::Zero(d), s3 = hn::Zero(d);
-  auto s4 = hn::Zero(d), s5 = hn::Zero(d), s6 = hn::Zero(d), s7 = hn::Zero(d);
-  for (size_t i = 0; i + 4 * N <= n; i += 4 * N) {
+  for (size_t i = 0; i + step <= n; i += step) {
     s0 = hn::Add(s0, hn::LoadU(d, p + i));
     s1 = hn::Add(s1, hn::LoadU(d, p + i + N));
     s2 = hn::Add(s2, hn::LoadU(d, p + i + 2 * N));
@@ -91,6 +70,19 @@ float SumFloats2(const float* HWY_RESTRICT p, const float* HWY_RESTRICT q, size_
   const auto sum = hn::Add(hn::Add(hn::Add(s0, s1), hn::Add(s2, s3)),
                            hn::Add(hn::Add(s4, s5), hn::Add(s6, s7)));
   return hn::GetLane(hn::SumOfLanes(d, sum));
+}
+
+// The sum of n floats at p (n a multiple of 8 vectors), in address order.
+float SumFloats(const float* HWY_RESTRICT p, size_t n) {
+  const size_t N = hn::Lanes(hn::ScalableTag<float>());
+  return SumEightChains(p, p + 4 * N, n, 8 * N);
+}
+
+// The sums of n floats at p and of n at q, the two read side by side (four
+// vector chains each), as a decode step reads its K and V streams.
+float SumFloats2(const float* HWY_RESTRICT p, const float* HWY_RESTRICT q, size_t n) {
+  const size_t N = hn::Lanes(hn::ScalableTag<float>());
+  return SumEightChains(p, q, n, 4 * N);
 }
 
 // NOLINTNEXTLINE(google-readability-namespace-comments)

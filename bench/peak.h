@@ -24,8 +24,8 @@ Peak MeasureSingleCorePeak();
 // this build did not compile it or the CPU cannot run it.
 double MeasureTargetPeak(const char* target);
 
-// The read-bandwidth probe's kernel: the sum of n floats at p, p 64-byte
-// aligned and n a multiple of 128 (every target's 8 vectors), at the best
+// The read-bandwidth probe's kernel: the sum of n floats at p (any
+// alignment; n a multiple of 128, every target's 8 vectors), at the best
 // target this CPU supports.
 float SumFloats(const float* p, size_t n);
 // Two streams read side by side: the sum of n floats at p and n at q (any

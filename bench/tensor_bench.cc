@@ -123,37 +123,14 @@ void BM_decode(benchmark::State& state, headsum_dtype kv_t, int64_t H, int64_t H
 
 // Sums `bytes` of memory (as f32, each thread one part, with bench/peak.cc's
 // SumFloats: 8 independent vector chains at the best target): the read
-// bandwidth a bandwidth-bound kernel can reach.
-void BM_read_probe(benchmark::State& state, size_t bytes, int threads) {
-  // Whole chunks of 128 floats (every target's 8 vectors) per thread.
-  const size_t n = bytes / 4 / (128 * size_t(threads)) * (128 * size_t(threads));
-  Buffer buf(n, HEADSUM_F32, 5);
-  const float* p = static_cast<const float*>(buf.get());
-  const size_t chunk = n / size_t(threads);
-  float partial[64] = {};
-  const auto sweep = [&] {
-#pragma omp parallel for num_threads(threads) schedule(static, 1) if (threads > 1)
-    for (int t = 0; t < threads; ++t) {
-      partial[t * 16] = headsum::bench::SumFloats(p + chunk * size_t(t), chunk);
-    }
-  };
-  sweep();  // warm-up: pages faulted in, the caches as the decode rows meet them
-  for (auto _ : state) {
-    sweep();
-    benchmark::DoNotOptimize(partial);
-  }
-  state.counters["GB/s"] =
-      benchmark::Counter(double(n) * 4e-9, benchmark::Counter::kIsIterationInvariantRate);
-}
-
-// BM_read_probe over two streams read side by side (bench/peak.cc's
-// SumFloats2), `bytes` in all, half in each, each thread one part of both:
-// the read bandwidth of a kernel that reads two streams (a decode step's K
-// and V), which on some machines is more than one stream gets.
-void BM_read_probe2(benchmark::State& state, size_t bytes, int threads) {
-  // Whole chunks of 64 floats (every target's 4 vectors) per thread and stream.
-  const size_t n = bytes / 8 / (64 * size_t(threads)) * (64 * size_t(threads));
-  Buffer a(n, HEADSUM_F32, 5), b(n, HEADSUM_F32, 6);
+// bandwidth a bandwidth-bound kernel can reach.  streams = 2: the bytes as
+// two buffers of half each, read side by side (SumFloats2), as a decode
+// reads K and V; on some machines that gets more than one stream.
+void BM_read_probe(benchmark::State& state, size_t bytes, int threads, int streams) {
+  // Whole chunks of 128 floats (every target's 8 vectors) per thread and buffer.
+  const size_t per = 128 * size_t(threads);
+  const size_t n = bytes / 4 / size_t(streams) / per * per;
+  Buffer a(n, HEADSUM_F32, 5), b(streams == 2 ? n : 0, HEADSUM_F32, 6);
   const float* p = static_cast<const float*>(a.get());
   const float* q = static_cast<const float*>(b.get());
   const size_t chunk = n / size_t(threads);
@@ -161,17 +138,18 @@ void BM_read_probe2(benchmark::State& state, size_t bytes, int threads) {
   const auto sweep = [&] {
 #pragma omp parallel for num_threads(threads) schedule(static, 1) if (threads > 1)
     for (int t = 0; t < threads; ++t) {
-      partial[t * 16] =
-          headsum::bench::SumFloats2(p + chunk * size_t(t), q + chunk * size_t(t), chunk);
+      const size_t at = chunk * size_t(t);
+      partial[t * 16] = streams == 2 ? headsum::bench::SumFloats2(p + at, q + at, chunk)
+                                     : headsum::bench::SumFloats(p + at, chunk);
     }
   };
-  sweep();  // warm-up, as BM_read_probe
+  sweep();  // warm-up: pages faulted in, the caches as the decode rows meet them
   for (auto _ : state) {
     sweep();
     benchmark::DoNotOptimize(partial);
   }
-  state.counters["GB/s"] =
-      benchmark::Counter(double(n) * 8e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GB/s"] = benchmark::Counter(double(n) * 4e-9 * streams,
+                                              benchmark::Counter::kIsIterationInvariantRate);
 }
 
 // ---------------------------------------------------------------------------
@@ -351,12 +329,12 @@ void Register() {
     }
     for (size_t mib : {size_t(1024), size_t(512), size_t(256), size_t(128)}) {
       const std::string name = "BM_read_probe/bytes:" + std::to_string(mib) + "MiB" + t;
-      benchmark::RegisterBenchmark(name.c_str(), BM_read_probe, mib << 20, threads)
+      benchmark::RegisterBenchmark(name.c_str(), BM_read_probe, mib << 20, threads, 1)
           ->UseRealTime()->Unit(benchmark::kMicrosecond);
     }
     for (size_t mib : {size_t(512), size_t(128)}) {
       const std::string name = "BM_read_probe2/bytes:" + std::to_string(mib) + "MiB" + t;
-      benchmark::RegisterBenchmark(name.c_str(), BM_read_probe2, mib << 20, threads)
+      benchmark::RegisterBenchmark(name.c_str(), BM_read_probe, mib << 20, threads, 2)
           ->UseRealTime()->Unit(benchmark::kMicrosecond);
     }
     // bf16 decode vs oneDNN's composed bf16 attention.
