@@ -9,6 +9,8 @@
 
 #if HWY_ONCE
 #include <string.h>
+
+#include <atomic>
 #include <unistd.h>
 
 #include "dispatch/native_ops.h"
@@ -250,6 +252,23 @@ headsum_status DecodeByHeadGroups(const ProjDims& p, const TensorView& heads, co
   });
 }
 
+// Whether a decode step (one row a sequence) reads a 16-bit Wo in place
+// that is likely still in cache: the decode step before read the same Wo
+// (the same address), and it fits the L2s of the threads.  An engine
+// stepping through a model's layers passes another layer's Wo each call,
+// from memory once the weights outgrow the caches; a loop over one layer
+// passes the same.  Only the order of RowSweep's reads depends on it
+// (ProjDims::wo_recent), never the result.
+bool DecodeWoRecent(const ProjDims& p, const WoSource& wo) {
+  const int forced = ProjectionSweepRows();
+  if (forced != testing::kSweepRowsAuto) return forced == 2;
+  if (wo.packed || p.seq != 1 || wo.dtype == DType::kF32) return false;
+  static std::atomic<const void*> last{nullptr};
+  const void* const before = last.exchange(wo.data, std::memory_order_relaxed);
+  const size_t bytes = p.inner() * wo.stride * DTypeBytes(wo.dtype);
+  return before == wo.data && bytes <= L2Bytes() * static_cast<size_t>(NumThreads());
+}
+
 // ChainedSum for fewer than kCopyWoRows rows (B x S) and for one or two
 // rows a sequence: O read in place, Wo in place or from headsum_wo_pack's
 // panels.  A work item is a block of
@@ -362,7 +381,9 @@ headsum_status ChainedSum(const ProjDims& p, const TensorView& heads, const WoSo
   }
   const size_t from_rows = ProjectionPackedFromRows() != 0 ? ProjectionPackedFromRows() : kCopyWoRows;
   if (p.batch * p.seq < from_rows || p.seq <= 2) {
-    return ChainedSumInPlace(p, heads, wo, bias, y);
+    ProjDims in_place = p;
+    in_place.wo_recent = DecodeWoRecent(p, wo);
+    return ChainedSumInPlace(in_place, heads, wo, bias, y);
   }
   const size_t t = TableIndex(ActiveTarget());
   const auto kernel = HWY_DISPATCH_TABLE(ChainBlock)[t];

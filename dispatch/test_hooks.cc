@@ -12,6 +12,7 @@ std::atomic<size_t> g_stream_scores_bytes{testing::kDefaultStreamScoresBytes};
 std::atomic<size_t> g_kv_in_cache_bytes{testing::kKvInCacheAuto};
 std::atomic<int> g_row_stream{testing::kRowStreamAuto};
 std::atomic<size_t> g_projection_l1{0}, g_projection_l2{0}, g_projection_rows{0};
+std::atomic<int> g_projection_sweep_rows{testing::kSweepRowsAuto};
 
 // Whether this allocation may go ahead: consumes one of the allowed ones.
 bool AllocationAllowed() {
@@ -44,6 +45,9 @@ void SetProjectionCacheBytes(size_t l1, size_t l2) {
 void SetProjectionPackedFromRows(size_t rows) {
   g_projection_rows.store(rows, std::memory_order_relaxed);
 }
+void SetProjectionSweepRows(int rows) {
+  g_projection_sweep_rows.store(rows, std::memory_order_relaxed);
+}
 }  // namespace testing
 
 namespace dispatch {
@@ -57,6 +61,7 @@ int RowStreamMode() { return g_row_stream.load(std::memory_order_relaxed); }
 size_t ProjectionL1Bytes() { return g_projection_l1.load(std::memory_order_relaxed); }
 size_t ProjectionL2Bytes() { return g_projection_l2.load(std::memory_order_relaxed); }
 size_t ProjectionPackedFromRows() { return g_projection_rows.load(std::memory_order_relaxed); }
+int ProjectionSweepRows() { return g_projection_sweep_rows.load(std::memory_order_relaxed); }
 
 hwy::AlignedFreeUniquePtr<float[]> AllocateFloats(size_t n) {
   if (!AllocationAllowed()) return hwy::AlignedFreeUniquePtr<float[]>(nullptr, hwy::AlignedFreer());

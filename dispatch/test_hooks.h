@@ -59,6 +59,14 @@ void SetProjectionCacheBytes(size_t l1, size_t l2);
 // Process-wide; for tests only.
 void SetProjectionPackedFromRows(size_t rows);
 
+// How a decode step's projection (one row) sweeps a 16-bit Wo:
+// kSweepRowsAuto (the default) as dispatch chooses (two rows a pass for a
+// Wo the call before read, one otherwise: ProjDims::wo_recent), 1 one row
+// a pass, 2 two rows a pass.  Both give the same bits.  Tests set each to
+// run both.  Process-wide; for tests only.
+constexpr int kSweepRowsAuto = 0;
+void SetProjectionSweepRows(int rows);
+
 // Heads per group of a decode step's projection (one or two rows a
 // sequence; dispatch/projection.cc, DecodeHeadsPerGroup) for this shape and
 // Wo element size in bytes: Y's row is then the sum, group by group in
@@ -96,6 +104,9 @@ int RowStreamMode();
 size_t ProjectionL1Bytes();
 size_t ProjectionL2Bytes();
 size_t ProjectionPackedFromRows();
+
+// The mode of SetProjectionSweepRows (kSweepRowsAuto: not set).
+int ProjectionSweepRows();
 
 }  // namespace dispatch
 }  // namespace headsum

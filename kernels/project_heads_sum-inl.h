@@ -161,6 +161,11 @@ inline size_t ChainScratch(const ProjDims& p, DType o, DType y) {
 }
 
 // How far ahead RowSweep prefetches Wo: about 16 KiB of the rows it reads.
+// (On the Zen 3 VM, AVX2, in the twenty-eighth session, a bf16 Wo from
+// memory one row a pass: 31.2 us one row ahead, 32.4 two, 33.9 sixteen, 37.2
+// with none; f32 in cache 20.0 one row ahead against 24.7 at eight.  Kept at
+// 16 KiB for the Zen 4 figures in PrefetchIntoL2's note, where nothing
+// shorter was measured.)
 constexpr size_t kSweepAheadBytes = size_t{16} << 10;
 
 // The sweeps' (RowSweep's) steps.  Two vectors of a Wo
@@ -248,7 +253,14 @@ HWY_INLINE void SweepFinish(D d, const float* HWY_RESTRICT y, size_t cols, float
 // 48-64 us, two threads 36-37; in cache 19.1, 10.4-10.5) against four
 // (79-82, 43-45; 14.7-15.8, 8.2-8.8).  Each takes what wins by the most:
 // two rows for 16-bit (25% in cache against 10% from memory), one for f32
-// (1.3-1.6x from memory against 0.8x in cache).
+// (1.3-1.6x from memory against 0.8x in cache).  Since the twenty-eighth
+// session a 16-bit Wo takes two rows only where the call before read the
+// same Wo and it fits the L2s (ProjDims::wo_recent), one row otherwise: on
+// the Zen 3 VM (AVX2; a ring of 1025 layers of bf16 Wo, H*L = D = 512,
+// medians of 15 alternated rounds of 200-2000 calls in one process) one
+// row a pass 29-35 us from memory against 43-48 for two (two threads
+// 23-24 against 31-32), in cache 17-20 against 12.6-15 (two threads 15.0
+// against 13.2); session 23's Zen 4 figures above lean the same way.
 template <size_t kSweepRows, class TB>
 HWY_INLINE void RowSweep(size_t segments, size_t L, const float* HWY_RESTRICT a, size_t a_step,
                          const TB* HWY_RESTRICT b, size_t ldb, size_t b_step, size_t cols,
@@ -410,10 +422,10 @@ HWY_INLINE void ChainTileT(const ProjDims& p, const TensorView& heads,
         // threads, Wo in cache, bf16 13-14 us -> 26-32 on the Zen 3 VM).
         float* HWY_RESTRICT acc = reinterpret_cast<float*>(
             (reinterpret_cast<uintptr_t>(scratch) + 63) & ~uintptr_t{63});
-        if constexpr (sizeof(TB) == 2) {  // two rows a pass
+        if (sizeof(TB) == 2 && p.wo_recent) {  // two rows a pass
           RowSweep<2>(H, L, o, a_step, wo_c0, ldw, every_head.b_step, cs, every_head.init, ahead,
                       acc, y_tile);
-        } else {  // f32: one row a pass
+        } else {  // f32, or a 16-bit Wo likely not in cache: one row a pass
           RowSweep<1>(H, L, o, a_step, wo_c0, ldw, every_head.b_step, cs, every_head.init, ahead,
                       acc, y_tile);
         }

@@ -46,6 +46,11 @@ struct AttnDims {
 
 struct ProjDims {
   size_t batch, seq, heads, head_dim, model_dim;
+  // A decode step's Wo was read by the call before and fits the threads'
+  // L2s, so is likely still there (dispatch/projection.cc): a one-row sweep
+  // of a 16-bit Wo then reads two rows a pass, else one (RowSweep).  Never
+  // changes the result.
+  bool wo_recent = false;
   size_t inner() const { return heads * head_dim; }  // rows of Wo
 };
 

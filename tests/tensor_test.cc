@@ -815,26 +815,33 @@ TEST_P(TensorProjection, OneRowIsThatRowOfAManyRowCallSummedByHeadGroups) {
           for (int64_t bh = 0; bh < c.b * c.h; ++bh) {
             for (int64_t l = 0; l < c.l; ++l) o_row[bh * c.l + l] = o[(bh * c.s + s) * c.l + l];
           }
-          for (int threads : {1, 2, 3}) {
-            for (bool use_packed : {false, true}) {
-              ASSERT_EQ(headsum_set_num_threads(threads), HEADSUM_OK);
-              ProjBuffers p = MakeProjBuffers({c.b, 1, c.h, c.l, c.d}, t, strided, o_row, wo);
-              headsum_tensor o1 = p.o.tensor(), w1 = p.wo.tensor(), y1 = p.y.tensor();
-              ASSERT_EQ(use_packed ? headsum_project_heads_sum_packed_tensors(
-                                         &one, &o1, packed, bias.data(), &y1)
-                                   : headsum_project_heads_sum_tensors(&one, &o1, &w1,
-                                                                       bias.data(), &y1),
-                        HEADSUM_OK) << headsum_last_error();
-              const std::vector<float> y_row = p.y.Read();  // [b][0][d]
-              size_t differ = 0;
-              for (int64_t b = 0; b < c.b; ++b) {
-                differ += memcmp(&y_row[b * c.d], &want[(b * c.s + s) * c.d],
-                                 size_t(c.d) * sizeof(float)) != 0;
+          // A 16-bit Wo swept one row a pass and two (testing::
+          // SetProjectionSweepRows), and as dispatch chooses.
+          for (int sweep : {1, 2, headsum::testing::kSweepRowsAuto}) {
+            headsum::testing::SetProjectionSweepRows(sweep);
+            for (int threads : {1, 2, 3}) {
+              for (bool use_packed : {false, true}) {
+                ASSERT_EQ(headsum_set_num_threads(threads), HEADSUM_OK);
+                ProjBuffers p = MakeProjBuffers({c.b, 1, c.h, c.l, c.d}, t, strided, o_row, wo);
+                headsum_tensor o1 = p.o.tensor(), w1 = p.wo.tensor(), y1 = p.y.tensor();
+                ASSERT_EQ(use_packed ? headsum_project_heads_sum_packed_tensors(
+                                           &one, &o1, packed, bias.data(), &y1)
+                                     : headsum_project_heads_sum_tensors(&one, &o1, &w1,
+                                                                         bias.data(), &y1),
+                          HEADSUM_OK) << headsum_last_error();
+                const std::vector<float> y_row = p.y.Read();  // [b][0][d]
+                size_t differ = 0;
+                for (int64_t b = 0; b < c.b; ++b) {
+                  differ += memcmp(&y_row[b * c.d], &want[(b * c.s + s) * c.d],
+                                   size_t(c.d) * sizeof(float)) != 0;
+                }
+                EXPECT_EQ(differ, 0u) << "row " << s << " alone, " << threads << " threads, "
+                                      << (use_packed ? "packed" : "plain") << " Wo, sweep "
+                                      << sweep;
               }
-              EXPECT_EQ(differ, 0u) << "row " << s << " alone, " << threads << " threads, "
-                                    << (use_packed ? "packed" : "plain") << " Wo";
             }
           }
+          headsum::testing::SetProjectionSweepRows(headsum::testing::kSweepRowsAuto);
         }
         headsum_wo_free(packed);
       }
