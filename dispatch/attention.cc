@@ -154,6 +154,12 @@ bool KvFromMemory(const AttnDims& a, const AttnViews& views) {
 //    512-key tiles or their aligned-frame form): one thread, 16 bytes off,
 //    4 rounds alternated, medians of 7: 45.7-51.2 -> 42.6-47.7 ns a key and
 //    head (faster in all 4); 64-byte aligned 52.3-56.3 -> 48.4-54.2 (all 3).
+//  - On the x86 targets with 16 registers (AVX2, SSE4, SSSE3) either
+//    stream is FlashAttentionRowStreamNarrow: key by key, with the
+//    prefetch.  On a Zen 3 VM (AMD EPYC, AVX2 only, 512 KiB L2; H=32 L=128
+//    Skv=32768, 16 bytes off, medians of 7 alternated) against the tiles:
+//    one thread f16 36.1 -> 29.5 ms, bf16 39.3 -> 32.1, f32 91.4 -> 72.0;
+//    two threads f16 19.1 -> 15.7, bf16 20.7 -> 16.4, f32 41.1 -> 35.8.
 //  - Other x86 CPUs: the tiles (neither stream measured there).
 //  - Other architectures: the stream, eight keys at a time, as before (not
 //    measured on Arm hardware).

@@ -916,6 +916,11 @@ HWY_NOINLINE void FlashAttentionRowByDotShifted(const AttnDims& a, const float* 
 }
 #endif  // HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
 
+// The streaming decode kernels' tiles (FlashAttentionRowStream, FlashAttentionRowStreamNarrow):
+// keys per tile, and how many keys ahead the K and V rows are prefetched.
+constexpr size_t kStreamKeys = 16;
+constexpr size_t kStreamAhead = 8;
+
 #if HWY_TARGET != HWY_SCALAR && !HWY_HAVE_SCALABLE && !(HWY_ARCH_X86 && HWY_TARGET > HWY_AVX3)
 // One query row over 16-bit K and V rows read from memory (a decode step
 // over a long f16 or bf16 cache, AttnDims::prefetch_kv; f32 rows too where
@@ -947,8 +952,6 @@ HWY_NOINLINE void FlashAttentionRowByDotShifted(const AttnDims& a, const float* 
 // 31-53 ns with the prefetches and 20-23 without.  (Why eight
 // rows' loads together stall there and one row's do not was not found out:
 // no hardware counters in that VM.)
-constexpr size_t kStreamKeys = 16;
-constexpr size_t kStreamAhead = 8;
 
 template <size_t kC, class T>
 HWY_NOINLINE void FlashAttentionRowStream(const AttnDims& a, const float* HWY_RESTRICT q_i,
@@ -1055,6 +1058,118 @@ HWY_NOINLINE void FlashAttentionRowStream(const AttnDims& a, const float* HWY_RE
   }
 }
 
+#endif
+
+#if HWY_ARCH_X86 && HWY_TARGET > HWY_AVX3 && HWY_TARGET != HWY_SCALAR
+// FlashAttentionRowStream for x86 targets with 16 vector registers (AVX2,
+// SSE4, SSSE3), where q and a row's accumulator no longer fit in registers
+// beside the loads (L = 128 is 16 AVX2 vectors): q is read from its row
+// (L1) into each key's dot product, four chains per key, the key's sum
+// reduced on its own (key by key: no eight accumulators to spare), and the
+// tile's P V goes through the accumulator in blocks of up to eight vectors
+// (StreamPvBlock), each block kept in registers over the tile's kStreamKeys
+// V rows (the rows stay in L1 between blocks).  Tiles of kStreamKeys keys
+// as there, the online softmax RowTileSoftmax's, and the K and the V row
+// kStreamAhead keys on prefetched into L1 key by key, whatever
+// AttnDims::stream_key_by_key says: without the prefetch the stream read
+// 13.0 GB/s, with it 16.6 (f16) and 17.3 (bf16) on the Zen 3 VM (a model of
+// this loop over 512 MB of K/V, one thread, medians of 7; the probe summing
+// the same bytes 21.5-22.6; 4 keys ahead 16.5-16.7, 16 or 32 15.2-15.4, an
+// L2 prefetch 32-128 keys ahead as well 15.1-15.6, 32-key tiles 14.2).
+template <size_t kB, class T>
+HWY_INLINE void StreamPvBlock(const float* HWY_RESTRICT s, size_t nj, const T* HWY_RESTRICT v_j,
+                              size_t ldv, float* HWY_RESTRICT acc_c) {
+  const hn::ScalableTag<float> d;
+  using V = hn::Vec<decltype(d)>;
+  const size_t N = hn::Lanes(d);
+  V o[kB];
+  HWY_UNROLL(8)
+  for (size_t c = 0; c < kB; ++c) o[c] = hn::LoadU(d, acc_c + c * N);
+  for (size_t jj = 0; jj < nj; ++jj, v_j += ldv) {
+    const V p = hn::Set(d, s[jj]);
+    HWY_UNROLL(8)
+    for (size_t c = 0; c < kB; ++c) o[c] = hn::MulAdd(p, LoadF32(d, v_j + c * N), o[c]);
+  }
+  HWY_UNROLL(8)
+  for (size_t c = 0; c < kB; ++c) hn::StoreU(o[c], d, acc_c + c * N);
+}
+
+template <class T>
+HWY_NOINLINE void FlashAttentionRowStreamNarrow(const AttnDims& a, const float* HWY_RESTRICT q_i,
+                                                const T* HWY_RESTRICT k_g, size_t ldk,
+                                                const T* HWY_RESTRICT v_g, size_t ldv,
+                                                size_t key_begin, size_t end,
+                                                float* HWY_RESTRICT acc, float* m, float* l,
+                                                float* bad) {
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  const hn::ScalableTag<float> d;
+  using V = hn::Vec<decltype(d)>;
+  const size_t N = hn::Lanes(d), L = a.head_dim, C = L / N;
+  const size_t row_bytes = L * sizeof(T);
+  const float scale2 = Base2Scale(a);
+  const auto dot = [&](const T* HWY_RESTRICT k_row) {
+    V s0 = hn::Zero(d), s1 = s0, s2 = s0, s3 = s0;
+    size_t c = 0;
+    for (; c + 4 <= C; c += 4) {
+      s0 = hn::MulAdd(hn::LoadU(d, q_i + c * N), LoadF32(d, k_row + c * N), s0);
+      s1 = hn::MulAdd(hn::LoadU(d, q_i + (c + 1) * N), LoadF32(d, k_row + (c + 1) * N), s1);
+      s2 = hn::MulAdd(hn::LoadU(d, q_i + (c + 2) * N), LoadF32(d, k_row + (c + 2) * N), s2);
+      s3 = hn::MulAdd(hn::LoadU(d, q_i + (c + 3) * N), LoadF32(d, k_row + (c + 3) * N), s3);
+    }
+    for (; c < C; ++c) s0 = hn::MulAdd(hn::LoadU(d, q_i + c * N), LoadF32(d, k_row + c * N), s0);
+    return hn::GetLane(hn::SumOfLanes(d, hn::Add(hn::Add(s0, s1), hn::Add(s2, s3))));
+  };
+  const auto prefetch = [&](size_t j) {  // the K and V rows of key j, if there is one
+    if (j < end) {
+      PrefetchKvRow(k_g + j * ldk, row_bytes);
+      PrefetchKvRow(v_g + j * ldv, row_bytes);
+    }
+  };
+  for (size_t j = key_begin; j < key_begin + kStreamAhead; ++j) prefetch(j);
+  HWY_ALIGN float s[kStreamKeys];
+  for (size_t j0 = key_begin; j0 < end; j0 += kStreamKeys) {
+    const size_t nj = end - j0 < kStreamKeys ? end - j0 : kStreamKeys;
+    const T* HWY_RESTRICT k_tile = k_g + j0 * ldk;
+    for (size_t j = 0; j < nj; ++j) {
+      prefetch(j0 + j + kStreamAhead);
+      s[j] = scale2 * dot(k_tile + j * ldk);
+    }
+    // RowTileSoftmax, the accumulator rescaled in place.
+    const float tile_max = RowMax(s, nj);
+    if (!(tile_max < std::numeric_limits<float>::infinity())) {  // NaN or +inf
+      *bad = 1.0f;
+      break;
+    }
+    const float m_new = HWY_MAX(*m, tile_max);
+    if (m_new == kNegInf) continue;
+    if (m_new != *m) {
+      const float correction = *m == kNegInf ? 0.0f : std::exp2(*m - m_new);
+      const V vc = hn::Set(d, correction);
+      for (size_t c = 0; c < C; ++c) hn::StoreU(hn::Mul(hn::LoadU(d, acc + c * N), vc), d, acc + c * N);
+      *l *= correction;
+      *m = m_new;
+    }
+    *l += ExpShiftedRow</*kBase2=*/true>(s, nj, m_new, s);
+    const T* HWY_RESTRICT v_tile = v_g + j0 * ldv;
+    size_t c0 = 0;
+    for (; c0 + 8 <= C; c0 += 8) StreamPvBlock<8>(s, nj, v_tile + c0 * N, ldv, acc + c0 * N);
+    const T* HWY_RESTRICT v_c = v_tile + c0 * N;
+    float* HWY_RESTRICT acc_c = acc + c0 * N;
+    switch (C - c0) {
+      case 1: StreamPvBlock<1>(s, nj, v_c, ldv, acc_c); break;
+      case 2: StreamPvBlock<2>(s, nj, v_c, ldv, acc_c); break;
+      case 3: StreamPvBlock<3>(s, nj, v_c, ldv, acc_c); break;
+      case 4: StreamPvBlock<4>(s, nj, v_c, ldv, acc_c); break;
+      case 5: StreamPvBlock<5>(s, nj, v_c, ldv, acc_c); break;
+      case 6: StreamPvBlock<6>(s, nj, v_c, ldv, acc_c); break;
+      case 7: StreamPvBlock<7>(s, nj, v_c, ldv, acc_c); break;
+      default: break;
+    }
+  }
+}
+#endif
+
+#if HWY_TARGET != HWY_SCALAR && !HWY_HAVE_SCALABLE
 // Whether FlashAttentionRowByDot runs on FlashAttentionRowStream: K and V
 // of one dtype read from memory, L a whole number of vectors, up to 8, on a
 // CPU where dispatch prefers it (AttnDims::row_stream); f32 rows only key by
@@ -1065,12 +1180,20 @@ HWY_NOINLINE void FlashAttentionRowStream(const AttnDims& a, const float* HWY_RE
 // one thread, 15 rounds alternated, medians): 16 bytes off 57.2 -> 46.6 ns
 // a key (17.9 -> 22.0 GB/s), aligned 58.4 -> 47.2; the eight-key stream
 // with its prefetches 59.9 / 55.6.
+// On the x86 targets with 16 registers (FlashAttentionRowStreamNarrow) L
+// may be any whole number of vectors, and the stream keys go key by key
+// with the prefetch whichever AttnDims::stream_key_by_key asks for.
 template <class TK, class TV>
 HWY_INLINE bool RowStreams(const AttnDims& a) {
   const size_t N = hn::Lanes(hn::ScalableTag<float>());
+#if HWY_ARCH_X86 && HWY_TARGET > HWY_AVX3
+  constexpr size_t kMaxVectors = ~size_t{0};
+#else
+  constexpr size_t kMaxVectors = 8;
+#endif
   return std::is_same_v<TK, TV> && (!std::is_same_v<TK, float> || a.stream_key_by_key) &&
          a.prefetch_kv && a.row_stream && a.head_dim % N == 0 && a.head_dim / N >= 1 &&
-         a.head_dim / N <= 8;
+         a.head_dim / N <= kMaxVectors;
 }
 #endif
 
@@ -1109,6 +1232,14 @@ HWY_NOINLINE void FlashAttentionRowByDot(const AttnDims& a, const float* HWY_RES
         case 7: return run(std::integral_constant<size_t, 7>());
         default: return run(std::integral_constant<size_t, 8>());
       }
+    }
+  }
+#endif
+#if HWY_ARCH_X86 && HWY_TARGET > HWY_AVX3 && HWY_TARGET != HWY_SCALAR
+  if constexpr (std::is_same_v<TK, TV>) {
+    if (RowStreams<TK, TV>(a)) {
+      FlashAttentionRowStreamNarrow(a, q_i, k_g, ldk, v_g, ldv, key_begin, end, acc, m, l, bad);
+      return;
     }
   }
 #endif

@@ -254,10 +254,14 @@ const AttnCase kAttnCases[] = {
     {1, 4, 1, 1, 45, 48, false},
     // MHA decode steps over 16-bit K/V counted as read from memory run on
     // FlashAttentionRowStream where L is 1-8 vectors: L = 2 and 3 vectors
-    // (AVX-512), 8 and 6 (NEON); key counts off its 16-key tiles.
+    // (AVX-512), 8 and 6 (NEON); key counts off its 16-key tiles.  On AVX2,
+    // SSE4 and SSSE3 (FlashAttentionRowStreamNarrow, any number of vectors)
+    // L = 80 is 10 and 20 vectors: P V blocks of eight and a shorter one,
+    // the dot's four chains and a remainder.
     {1, 3, 3, 1, 77, 32, false},
     {1, 2, 2, 1, 50, 48, false},
     {1, 2, 2, 1, 41, 24, false},
+    {1, 2, 2, 1, 37, 80, false},
 };
 
 struct AttnBuffers {
