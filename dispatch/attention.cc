@@ -159,7 +159,9 @@ bool KvFromMemory(const AttnDims& a, const AttnViews& views) {
 //    prefetch.  On a Zen 3 VM (AMD EPYC, AVX2 only, 512 KiB L2; H=32 L=128
 //    Skv=32768, 16 bytes off, medians of 7 alternated) against the tiles:
 //    one thread f16 36.1 -> 29.5 ms, bf16 39.3 -> 32.1, f32 91.4 -> 72.0;
-//    two threads f16 19.1 -> 15.7, bf16 20.7 -> 16.4, f32 41.1 -> 35.8.
+//    two threads f16 19.1 -> 15.7, bf16 20.7 -> 16.4, f32 41.1 -> 35.8;
+//    SSE4 forced there, one thread: bf16 58.3 -> 43.8, f32 99.3 -> 70.6,
+//    f16 (widened by integer ops: compute-bound) 146.7 -> 138.4.
 //  - Other x86 CPUs: the tiles (neither stream measured there).
 //  - Other architectures: the stream, eight keys at a time, as before (not
 //    measured on Arm hardware).
