@@ -921,6 +921,17 @@ HWY_NOINLINE void FlashAttentionRowByDotShifted(const AttnDims& a, const float* 
 constexpr size_t kStreamKeys = 16;
 constexpr size_t kStreamAhead = 8;
 
+// A stream's prefetch of the K and the V row of key j (rows of row_bytes),
+// if there is one (j < end).
+template <class T>
+HWY_INLINE void PrefetchStreamKey(const T* HWY_RESTRICT k_g, size_t ldk, const T* HWY_RESTRICT v_g,
+                                  size_t ldv, size_t j, size_t end, size_t row_bytes) {
+  if (j < end) {
+    PrefetchKvRow(k_g + j * ldk, row_bytes);
+    PrefetchKvRow(v_g + j * ldv, row_bytes);
+  }
+}
+
 #if HWY_TARGET != HWY_SCALAR && !HWY_HAVE_SCALABLE && !(HWY_ARCH_X86 && HWY_TARGET > HWY_AVX3)
 // One query row over 16-bit K and V rows read from memory (a decode step
 // over a long f16 or bf16 cache, AttnDims::prefetch_kv; f32 rows too where
@@ -996,11 +1007,8 @@ HWY_NOINLINE void FlashAttentionRowStream(const AttnDims& a, const float* HWY_RE
     return s;
   };
   const bool by_key = a.stream_key_by_key;
-  const auto prefetch = [&](size_t j) {  // the K and V rows of key j, if there is one
-    if (j < end && !by_key) {
-      PrefetchKvRow(k_g + j * ldk, row_bytes);
-      PrefetchKvRow(v_g + j * ldv, row_bytes);
-    }
+  const auto prefetch = [&](size_t j) {
+    if (!by_key) PrefetchStreamKey(k_g, ldk, v_g, ldv, j, end, row_bytes);
   };
   for (size_t j = key_begin; j < key_begin + kStreamAhead; ++j) prefetch(j);
   HWY_ALIGN float s[kStreamKeys];
@@ -1069,7 +1077,8 @@ HWY_NOINLINE void FlashAttentionRowStream(const AttnDims& a, const float* HWY_RE
 // tile's P V goes through the accumulator in blocks of up to eight vectors
 // (StreamPvBlock), each block kept in registers over the tile's kStreamKeys
 // V rows (the rows stay in L1 between blocks).  Tiles of kStreamKeys keys
-// as there, the online softmax RowTileSoftmax's, and the K and the V row
+// as there, the online softmax RowTileSoftmax (the rescaling skipped where
+// the max stays: the correction is then exactly 1), and the K and the V row
 // kStreamAhead keys on prefetched into L1 key by key, whatever
 // AttnDims::stream_key_by_key says: without the prefetch the stream read
 // 13.0 GB/s, with it 16.6 (f16) and 17.3 (bf16) on the Zen 3 VM (a model of
@@ -1101,7 +1110,6 @@ HWY_NOINLINE void FlashAttentionRowStreamNarrow(const AttnDims& a, const float* 
                                                 size_t key_begin, size_t end,
                                                 float* HWY_RESTRICT acc, float* m, float* l,
                                                 float* bad) {
-  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   const hn::ScalableTag<float> d;
   using V = hn::Vec<decltype(d)>;
   const size_t N = hn::Lanes(d), L = a.head_dim, C = L / N;
@@ -1119,12 +1127,7 @@ HWY_NOINLINE void FlashAttentionRowStreamNarrow(const AttnDims& a, const float* 
     for (; c < C; ++c) s0 = hn::MulAdd(hn::LoadU(d, q_i + c * N), LoadF32(d, k_row + c * N), s0);
     return hn::GetLane(hn::SumOfLanes(d, hn::Add(hn::Add(s0, s1), hn::Add(s2, s3))));
   };
-  const auto prefetch = [&](size_t j) {  // the K and V rows of key j, if there is one
-    if (j < end) {
-      PrefetchKvRow(k_g + j * ldk, row_bytes);
-      PrefetchKvRow(v_g + j * ldv, row_bytes);
-    }
-  };
+  const auto prefetch = [&](size_t j) { PrefetchStreamKey(k_g, ldk, v_g, ldv, j, end, row_bytes); };
   for (size_t j = key_begin; j < key_begin + kStreamAhead; ++j) prefetch(j);
   HWY_ALIGN float s[kStreamKeys];
   for (size_t j0 = key_begin; j0 < end; j0 += kStreamKeys) {
@@ -1134,22 +1137,16 @@ HWY_NOINLINE void FlashAttentionRowStreamNarrow(const AttnDims& a, const float* 
       prefetch(j0 + j + kStreamAhead);
       s[j] = scale2 * dot(k_tile + j * ldk);
     }
-    // RowTileSoftmax, the accumulator rescaled in place.
-    const float tile_max = RowMax(s, nj);
-    if (!(tile_max < std::numeric_limits<float>::infinity())) {  // NaN or +inf
-      *bad = 1.0f;
-      break;
-    }
-    const float m_new = HWY_MAX(*m, tile_max);
-    if (m_new == kNegInf) continue;
-    if (m_new != *m) {
-      const float correction = *m == kNegInf ? 0.0f : std::exp2(*m - m_new);
+    float correction;
+    const TileStep step = RowTileSoftmax(s, nj, m, l, bad, &correction);
+    if (step == TileStep::kBad) break;
+    if (step == TileStep::kSkip) continue;
+    if (correction != 1.0f) {  // the max moved: the accumulator rescaled in place
       const V vc = hn::Set(d, correction);
-      for (size_t c = 0; c < C; ++c) hn::StoreU(hn::Mul(hn::LoadU(d, acc + c * N), vc), d, acc + c * N);
-      *l *= correction;
-      *m = m_new;
+      for (size_t c = 0; c < C; ++c) {
+        hn::StoreU(hn::Mul(hn::LoadU(d, acc + c * N), vc), d, acc + c * N);
+      }
     }
-    *l += ExpShiftedRow</*kBase2=*/true>(s, nj, m_new, s);
     const T* HWY_RESTRICT v_tile = v_g + j0 * ldv;
     size_t c0 = 0;
     for (; c0 + 8 <= C; c0 += 8) StreamPvBlock<8>(s, nj, v_tile + c0 * N, ldv, acc + c0 * N);
