@@ -217,7 +217,6 @@ headsum_status CheckTensor(const char* fn, const char* name, const headsum_tenso
       // layouts): look for two indices that meet, i.e. a nonzero d with
       // |d_i| < extent_i and sum_i d_i stride_i = 0, by enumerating d over
       // every axis but the largest-stride one and solving for that one.
-      static const char* kName[4] = {"b", "h", "s", "l"};
       uint64_t cases = 1;
       for (int i = 0; i + 1 < n; ++i) {
         if (__builtin_mul_overflow(cases, 2 * axes[i].extent - 1, &cases)) cases = UINT64_MAX;
@@ -241,20 +240,33 @@ headsum_status CheckTensor(const char* fn, const char* name, const headsum_tenso
         }
         // d_last * stride_last = -sum with |d_last| < extent_last, d != 0.
         bool meet;
+        int64_t d_last = 0;
         if (last.stride == 0) {
           meet = sum == 0;  // (zero: d_last = 1 also meets, extent > 1)
+          d_last = zero ? 1 : 0;
         } else {
           const __int128 q = -sum / static_cast<__int128>(last.stride);
           meet = -sum % static_cast<__int128>(last.stride) == 0 &&
                  q < static_cast<__int128>(last.extent) &&
                  -q < static_cast<__int128>(last.extent) && !(zero && q == 0);
+          d_last = static_cast<int64_t>(q);
         }
         if (meet) {
+          // Two indices that meet: (b, h, s, l) with the differences d
+          // split into their positive and negative parts.
+          int64_t one[4] = {0, 0, 0, 0}, two[4] = {0, 0, 0, 0};
+          for (int i = 0; i < n; ++i) {
+            const int64_t di = i + 1 < n ? d[i] : d_last;
+            (di > 0 ? one : two)[axes[i].index] = di > 0 ? di : -di;
+          }
           return Fail(HEADSUM_ERR_INVALID_ARGUMENT, fn,
-                      "%s is an output in which two indices reach the same element "
-                      "(index %s has stride %" PRIu64 ", extent %" PRIu64
-                      "; the strides do not nest)",
-                      name, kName[last.index], last.stride, last.extent);
+                      "%s is an output in which two indices reach the same element: "
+                      "(b, h, s, l) = (%" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64
+                      ") and (%" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64
+                      ") with strides {%" PRIu64 ", %" PRIu64 ", %" PRIu64 ", 1} over [%" PRId64
+                      "][%" PRId64 "][%" PRId64 "][%" PRId64 "]",
+                      name, one[0], one[1], one[2], one[3], two[0], two[1], two[2], two[3],
+                      strides[0], strides[1], strides[2], dims[0], dims[1], dims[2], dims[3]);
         }
         for (int i = 0; i + 1 < n; ++i) {  // next d, odometer order
           if (d[i] < static_cast<int64_t>(axes[i].extent - 1)) {

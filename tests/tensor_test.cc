@@ -1190,9 +1190,15 @@ TEST(TensorValidation, AttentionRules) {
     EXPECT_EQ(headsum_attention_tensors(&shape, &tq, &tk, &tv, &to), HEADSUM_OK)
         << headsum_last_error();
     to.strides[2] = 4;  // h: 0, 2, 4; s: +4: 4 twice
+    std::fill(out.begin(), out.end(), kSentinel);
     EXPECT_EQ(headsum_attention_tensors(&shape, &tq, &tk, &tv, &to),
               HEADSUM_ERR_INVALID_ARGUMENT);
-    EXPECT_NE(std::string(headsum_last_error()).find("same element"), std::string::npos);
+    // The message names two indices that meet: (h, s) = (0, 1) and (2, 0),
+    // both at offset 4.
+    const std::string message = headsum_last_error();
+    EXPECT_NE(message.find("same element"), std::string::npos);
+    EXPECT_NE(message.find("(0, 0, 1, 0) and (0, 2, 0, 0)"), std::string::npos) << message;
+    EXPECT_TRUE(std::all_of(out.begin(), out.end(), [](float x) { return x == kSentinel; }));
   }
   {
     // An output index of extent 1 may have stride 0; an input any stride >= 0.
