@@ -257,7 +257,12 @@ headsum_status CheckTensor(const char* fn, const char* name, const headsum_tenso
           int64_t one[4] = {0, 0, 0, 0}, two[4] = {0, 0, 0, 0};
           for (int i = 0; i < n; ++i) {
             const int64_t di = i + 1 < n ? d[i] : d_last;
-            (di > 0 ? one : two)[axes[i].index] = di > 0 ? di : -di;
+            const int at = axes[i].index;
+            if (di > 0) {
+              one[at] = di;
+            } else {
+              two[at] = -di;
+            }
           }
           return Fail(HEADSUM_ERR_INVALID_ARGUMENT, fn,
                       "%s is an output in which two indices reach the same element: "
