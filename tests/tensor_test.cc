@@ -1,7 +1,7 @@
 // The tensor API (headsum_tensor views: f32/f16/bf16, any strides) on every
 // compiled target, against the double-precision reference fed the same
 // rounded values.  16-bit conversions are checked against conversions
-// written here independently (in double arithmetic with nearbyint, no bit
+// written here independently (in double arithmetic, ties to even, no bit
 // tricks shared with kernels/convert-inl.h).
 //
 // Bounds.  A 16-bit input is widened exactly, so the kernel computes on the
@@ -13,7 +13,6 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cfenv>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -56,17 +55,20 @@ double BF16ToDouble(uint16_t b) {
 
 // x rounded to `mantissa` significant bits (implicit one included) with
 // exponents down to min_exp (below it, fixed spacing 2^(min_exp -
-// mantissa + 1)), ties to even, by nearbyint in double.
+// mantissa + 1)), ties to even, in double whatever the rounding mode: the
+// integer part by floor, the fraction exactly (scaled - floor(scaled): by
+// Sterbenz's lemma when the floor is 1 or more, scaled itself when it is 0)
+// compared with one half.  (Not nearbyint: setting and restoring the mode
+// around it made the encoding most of some tests' time under qemu.)
 double RoundToPrecision(double x, int mantissa, int min_exp) {
   if (x == 0 || std::isnan(x) || std::isinf(x)) return x;
   int e = std::ilogb(x);
   if (e < min_exp) e = min_exp;
-  const double scaled = std::ldexp(x, mantissa - 1 - e);  // exact
-  const int old = fegetround();
-  fesetround(FE_TONEAREST);
-  const double r = std::nearbyint(scaled);
-  fesetround(old);
-  return std::ldexp(r, e - (mantissa - 1));
+  const double scaled = std::ldexp(std::fabs(x), mantissa - 1 - e);  // exact
+  double r = std::floor(scaled);
+  const double fraction = scaled - r;  // exact
+  if (fraction > 0.5 || (fraction == 0.5 && std::fmod(r, 2.0) != 0)) r += 1;
+  return std::copysign(std::ldexp(r, e - (mantissa - 1)), x);
 }
 
 uint16_t DoubleToF16Bits(double x) {  // x: a float's value
@@ -814,11 +816,17 @@ TEST_P(TensorProjection, OneRowIsThatRowOfAManyRowCallSummedByHeadGroups) {
         headsum_wo_packed* packed = nullptr;
         ASSERT_EQ(headsum_wo_pack_tensor(&shape, &tw_all, &packed), HEADSUM_OK)
             << headsum_last_error();
+        // One row's buffers, Wo written once (the calls only read it); O
+        // refilled for each row, Y back to its fill pattern before each call.
+        ProjBuffers p = MakeProjBuffers({c.b, 1, c.h, c.l, c.d}, t, strided,
+                                        std::vector<float>(size_t(c.b * c.h * c.l)), wo);
+        const std::vector<char> y_fill = p.y.bytes;
         for (int64_t s = 0; s < c.s; ++s) {
           std::vector<float> o_row(size_t(c.b * c.h * c.l));  // [b][h][0][l]
           for (int64_t bh = 0; bh < c.b * c.h; ++bh) {
             for (int64_t l = 0; l < c.l; ++l) o_row[bh * c.l + l] = o[(bh * c.s + s) * c.l + l];
           }
+          p.o.Fill(o_row);
           // A 16-bit Wo swept one row a pass and two (testing::
           // SetProjectionSweepRows), and as dispatch chooses.
           for (int sweep : {1, 2, headsum::testing::kSweepRowsAuto}) {
@@ -826,7 +834,7 @@ TEST_P(TensorProjection, OneRowIsThatRowOfAManyRowCallSummedByHeadGroups) {
             for (int threads : {1, 2, 3}) {
               for (bool use_packed : {false, true}) {
                 ASSERT_EQ(headsum_set_num_threads(threads), HEADSUM_OK);
-                ProjBuffers p = MakeProjBuffers({c.b, 1, c.h, c.l, c.d}, t, strided, o_row, wo);
+                p.y.bytes = y_fill;
                 headsum_tensor o1 = p.o.tensor(), w1 = p.wo.tensor(), y1 = p.y.tensor();
                 ASSERT_EQ(use_packed ? headsum_project_heads_sum_packed_tensors(
                                            &one, &o1, packed, bias.data(), &y1)
@@ -888,15 +896,18 @@ TEST_P(TensorProjection, WoAnywhereInACacheLineGivesTheSameBits) {
       std::vector<char> wo_bytes(size_t(rows * c.ldw) * wb + 128);
       char* line = reinterpret_cast<char*>(
           (reinterpret_cast<uintptr_t>(wo_bytes.data()) + 63) & ~uintptr_t{63});
+      // Wo's rows encoded once, NaN padding past column D; copied to each offset.
+      std::vector<char> wo_rows(size_t(rows * c.ldw) * wb, static_cast<char>(0xFF));
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t col = 0; col < c.d; ++col) {
+          EncodeElement(wo0[r * c.d + col], &wo_rows[size_t(r * c.ldw + col) * wb], t.wo);
+        }
+      }
       std::vector<char> want;
       for (size_t e = 0; e < 64 / wb; ++e) {
         char* wo = line + e * wb;
         std::fill(wo_bytes.begin(), wo_bytes.end(), static_cast<char>(0xFF));  // NaN padding
-        for (int64_t r = 0; r < rows; ++r) {
-          for (int64_t col = 0; col < c.d; ++col) {
-            EncodeElement(wo0[r * c.d + col], wo + (r * c.ldw + col) * wb, t.wo);
-          }
-        }
+        std::copy(wo_rows.begin(), wo_rows.end(), wo);
         headsum_tensor tw;
         tw.data = wo;
         tw.dtype = t.wo;
