@@ -33,15 +33,33 @@ namespace {
 // ---------------------------------------------------------------------------
 // Independent 16-bit conversions.
 
+// 2^k, exactly, for |k| <= 1000 (the values here are floats' and their
+// scalings); and floor(log2 |x|) of a normal double (every float is one),
+// read from its exponent field.  (std::ldexp and std::ilogb, with their
+// range and errno handling, were most of the tensor tests' time.)
+double Pow2(int k) {
+  if (k < -1000 || k > 1000) return std::ldexp(1.0, k);
+  const uint64_t bits = static_cast<uint64_t>(k + 1023) << 52;
+  double p;
+  memcpy(&p, &bits, 8);
+  return p;
+}
+int Log2Floor(double x) {
+  uint64_t bits;
+  memcpy(&bits, &x, 8);
+  const int biased = static_cast<int>((bits >> 52) & 0x7FF);
+  return biased == 0 ? std::ilogb(x) : biased - 1023;
+}
+
 double F16ToDouble(uint16_t h) {
   const int sign = h >> 15, e = (h >> 10) & 0x1F, m = h & 0x3FF;
   double v;
   if (e == 0x1F) {
     v = m ? std::numeric_limits<double>::quiet_NaN() : std::numeric_limits<double>::infinity();
   } else if (e == 0) {
-    v = std::ldexp(static_cast<double>(m), -24);
+    v = static_cast<double>(m) * Pow2(-24);
   } else {
-    v = std::ldexp(static_cast<double>(m + 1024), e - 25);
+    v = static_cast<double>(m + 1024) * Pow2(e - 25);
   }
   return sign ? -v : v;
 }
@@ -53,22 +71,23 @@ double BF16ToDouble(uint16_t b) {
   return f;
 }
 
-// x rounded to `mantissa` significant bits (implicit one included) with
-// exponents down to min_exp (below it, fixed spacing 2^(min_exp -
-// mantissa + 1)), ties to even, in double whatever the rounding mode: the
-// integer part by floor, the fraction exactly (scaled - floor(scaled): by
-// Sterbenz's lemma when the floor is 1 or more, scaled itself when it is 0)
-// compared with one half.  (Not nearbyint: setting and restoring the mode
-// around it made the encoding most of some tests' time under qemu.)
+// x (a float's value) rounded to `mantissa` significant bits (implicit one
+// included) with exponents down to min_exp (below it, fixed spacing
+// 2^(min_exp - mantissa + 1)), ties to even, in double whatever the
+// rounding mode: the integer part by floor, the fraction exactly (scaled -
+// floor(scaled): by Sterbenz's lemma when the floor is 1 or more, scaled
+// itself when it is 0) compared with one half.  (Not nearbyint: setting and
+// restoring the mode around it made the encoding most of some tests' time
+// under qemu.)  Scaling by powers of two is exact in this range.
 double RoundToPrecision(double x, int mantissa, int min_exp) {
   if (x == 0 || std::isnan(x) || std::isinf(x)) return x;
-  int e = std::ilogb(x);
+  int e = Log2Floor(x);
   if (e < min_exp) e = min_exp;
-  const double scaled = std::ldexp(std::fabs(x), mantissa - 1 - e);  // exact
+  const double scaled = std::fabs(x) * Pow2(mantissa - 1 - e);  // exact
   double r = std::floor(scaled);
   const double fraction = scaled - r;  // exact
   if (fraction > 0.5 || (fraction == 0.5 && std::fmod(r, 2.0) != 0)) r += 1;
-  return std::copysign(std::ldexp(r, e - (mantissa - 1)), x);
+  return std::copysign(r * Pow2(e - (mantissa - 1)), x);
 }
 
 uint16_t DoubleToF16Bits(double x) {  // x: a float's value
@@ -78,9 +97,9 @@ uint16_t DoubleToF16Bits(double x) {  // x: a float's value
   if (r > 65504.0) return sign | 0x7C00;
   if (r == 0) return sign;
   // encode the representable r
-  int e = std::ilogb(r);
-  if (e < -14) return sign | static_cast<uint16_t>(std::ldexp(r, 24));  // subnormal
-  const int m = static_cast<int>(std::ldexp(r, 10 - e)) - 1024;
+  int e = Log2Floor(r);
+  if (e < -14) return sign | static_cast<uint16_t>(r * Pow2(24));  // subnormal
+  const int m = static_cast<int>(r * Pow2(10 - e)) - 1024;
   return sign | static_cast<uint16_t>(((e + 15) << 10) | m);
 }
 
