@@ -658,6 +658,7 @@ ProjBuffers MakeProjBuffers(const ProjCase& c, const ProjCombo& t, bool strided,
 // and an uneven split, a third fewer calls (the two sweeps were the slowest
 // tests there: SCALAR under ASan at -O1 144 and 63 s, each Arm target ~50
 // and ~35 s under qemu).  The full sweep runs all three on every target.
+// (WoAnywhereInACacheLineGivesTheSameBits also takes fewer offsets there.)
 std::vector<int> BitwiseSweepThreads() {
   if (headsum_shapes::SmallSweepRequested()) return {1, 3};
   return {1, 2, 3};
@@ -933,7 +934,15 @@ TEST_P(TensorProjection, WoAnywhereInACacheLineGivesTheSameBits) {
         }
       }
       std::vector<char> want;
-      for (size_t e = 0; e < 64 / wb; ++e) {
+      const size_t offsets = 64 / wb;
+      for (size_t e = 0; e < offsets; ++e) {
+        // Under the small sweep (sanitizers, qemu) the two large cases take
+        // four offsets (on a boundary, one element past, one before the
+        // middle, the last); the small ones keep every offset.
+        if (headsum_shapes::SmallSweepRequested() && c.d >= 512 && e > 1 &&
+            e != offsets / 2 - 1 && e != offsets - 1) {
+          continue;
+        }
         char* wo = line + e * wb;
         std::fill(wo_bytes.begin(), wo_bytes.end(), static_cast<char>(0xFF));  // NaN padding
         std::copy(wo_rows.begin(), wo_rows.end(), wo);
