@@ -33,3 +33,15 @@ def copies():
     """Float32 stagings the binding has made so far: (count, bytes)."""
     return headsum._headsum._copy_stats()
 
+
+def runnable_targets():
+    """The compiled targets this CPU runs (set_target accepts them)."""
+    ok = []
+    for name in headsum.compiled_targets():
+        try:
+            headsum.set_target(name)
+        except RuntimeError:
+            continue
+        ok.append(name)
+    headsum.set_target(None)
+    return ok

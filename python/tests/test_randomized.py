@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import headsum
+from conftest import runnable_targets
 from reference import assert_within, attention_ref, f64, project_ref
-from test_settings import runnable_targets
 
 DTYPES = [np.float32, np.float16]
 

@@ -7,20 +7,8 @@ import numpy as np
 import pytest
 
 import headsum
+from conftest import runnable_targets
 from reference import assert_within, attention_ref, f64, project_ref
-
-
-def runnable_targets():
-    """The compiled targets this CPU runs (set_target accepts them)."""
-    ok = []
-    for name in headsum.compiled_targets():
-        try:
-            headsum.set_target(name)
-        except RuntimeError:
-            continue
-        ok.append(name)
-    headsum.set_target(None)
-    return ok
 
 
 def test_targets():
