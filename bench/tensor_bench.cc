@@ -20,6 +20,10 @@
 //   BM_projection/wo:{f32,bf16}/S:{1,20,512}     O f32, Wo f32 or bf16
 //   BM_projection_stream/wo:{f32,bf16}/S:{1,20}  the same, each call on
 //       another layer's Wo (a ring beyond the last-level cache): Wo from memory
+//   BM_paired_decode/H:32/Hkv:{32,8}/..., BM_paired_views/S:../causal:..,
+//   BM_paired_projection/S:1/wo:{cache,memory}   the ratios above again, from calls
+//       alternated inside one benchmark (counters: medians over iterations
+//       of ratios formed within one iteration; see TimeAlternated)
 // scripts/tensor_table.py prints the ratios the tensor issue asks for.
 // Defaults: --benchmark_repetitions=5 with aggregates only, and
 // --benchmark_enable_random_interleaving=true (see main).  --offset=N starts
@@ -28,11 +32,13 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -249,6 +255,224 @@ void BM_projection_stream(benchmark::State& state, headsum_dtype wo_t, int64_t S
 }
 
 // ---------------------------------------------------------------------------
+// Paired rows: the calls a ratio compares, alternated inside one benchmark.
+// Separately timed rows (above) sample this shared VM's drift at different
+// moments even when interleaved, and a ratio of two medians swung by up to
+// 0.3 between runs of the same binary (bench/results/2026-12-07-zen3-
+// session32.md); here every iteration times each call once, in an order
+// rotated from one iteration to the next, and each counter is the median
+// over the iterations of a ratio formed within one iteration (a short call
+// is timed as a block of many).
+
+using Clock = std::chrono::steady_clock;
+
+double Median(std::vector<double> x) {
+  if (x.empty()) return 0.0;
+  std::sort(x.begin(), x.end());
+  const size_t n = x.size();
+  return n % 2 == 1 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
+}
+
+// Runs every item once (a warm-up), then per benchmark iteration each item
+// once, starting from item (iteration mod items), and returns per item the
+// seconds of each of its runs (a block of `calls` calls, after `untimed`
+// calls that are not timed, divided by `calls`).  An item returns false on
+// an error: the state is then marked skipped, the times left incomplete.
+std::vector<std::vector<double>> TimeAlternated(benchmark::State& state,
+                                                const std::vector<std::function<bool()>>& items,
+                                                int calls, int untimed = 0) {
+  std::vector<std::vector<double>> seconds(items.size());
+  const auto once = [&](size_t i) {
+    for (int c = 0; c < untimed; ++c) {
+      if (!items[i]()) return -1.0;
+    }
+    const auto t0 = Clock::now();
+    for (int c = 0; c < calls; ++c) {
+      if (!items[i]()) return -1.0;
+    }
+    return std::chrono::duration<double>(Clock::now() - t0).count() / calls;
+  };
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (once(i) < 0) {
+      state.SkipWithError(headsum_last_error());
+      return seconds;
+    }
+  }
+  size_t start = 0;
+  for (auto _ : state) {
+    for (size_t j = 0; j < items.size(); ++j) {
+      const size_t i = (start + j) % items.size();
+      const double sec = once(i);
+      if (sec < 0) {
+        state.SkipWithError(headsum_last_error());
+        return seconds;
+      }
+      seconds[i].push_back(sec);
+    }
+    start = (start + 1) % items.size();
+  }
+  return seconds;
+}
+
+// The median over iterations of f(iteration).
+template <class F>
+double MedianOver(size_t iterations, const F& f) {
+  std::vector<double> x;
+  for (size_t it = 0; it < iterations; ++it) x.push_back(f(it));
+  return Median(x);
+}
+
+// Decode over a long cache: K/V f32, f16 and bf16, and both read probes
+// over the 16-bit K/V's bytes.  Counters: speed_f16, speed_bf16 (f32 time
+// over 16-bit time), share_f16, share_bf16 (the 16-bit decode's K+V bytes a
+// second over the faster probe's, both from the same iteration), and the
+// median times in us.
+void BM_paired_decode(benchmark::State& state, int64_t H, int64_t Hkv, int64_t L, int64_t Skv,
+                      int threads) {
+  SetThreads(state, threads);
+  const headsum_attn_shape shape = {1, H, Hkv, 1, Skv, L, 0.0f, 1};
+  const size_t kv_n = size_t(Hkv * Skv * L);
+  Buffer q(size_t(H * L), HEADSUM_F32, 1), o(size_t(H * L), HEADSUM_F32, 2);
+  const headsum_dtype types[3] = {HEADSUM_F32, HEADSUM_F16, HEADSUM_BF16};
+  Buffer k[3], v[3];
+  headsum_tensor tk[3], tv[3];
+  for (int i = 0; i < 3; ++i) {
+    k[i] = Buffer(kv_n, types[i], 3);
+    v[i] = Buffer(kv_n, types[i], 4);
+    tk[i] = headsum_bhsd(k[i].get(), types[i], Hkv, Skv, L);
+    tv[i] = headsum_bhsd(v[i].get(), types[i], Hkv, Skv, L);
+  }
+  const headsum_tensor tq = headsum_bhsd(q.get(), HEADSUM_F32, H, 1, L);
+  const headsum_tensor to = headsum_bhsd(o.get(), HEADSUM_F32, H, 1, L);
+  // The probes read as many bytes as the 16-bit K and V (BM_read_probe).
+  const size_t per = 128 * size_t(threads);
+  const size_t bytes16 = 2 * kv_n * 2;
+  const size_t n1 = bytes16 / 4 / per * per, n2 = bytes16 / 8 / per * per;
+  Buffer p1(n1, HEADSUM_F32, 5), p2a(n2, HEADSUM_F32, 5), p2b(n2, HEADSUM_F32, 6);
+  float partial[64] = {};
+  const auto probe = [&](int streams) {
+    const size_t n = streams == 2 ? n2 : n1, chunk = n / size_t(threads);
+    const float* a = static_cast<const float*>(streams == 2 ? p2a.get() : p1.get());
+    const float* b = static_cast<const float*>(p2b.get());
+#pragma omp parallel for num_threads(threads) schedule(static, 1) if (threads > 1)
+    for (int t = 0; t < threads; ++t) {
+      const size_t at = chunk * size_t(t);
+      partial[t * 16] = streams == 2 ? headsum::bench::SumFloats2(a + at, b + at, chunk)
+                                     : headsum::bench::SumFloats(a + at, chunk);
+    }
+    benchmark::DoNotOptimize(partial);
+    return true;
+  };
+  const double probe_bytes[2] = {double(n1) * 4, double(n2) * 8};
+  std::vector<std::function<bool()>> items;
+  for (int i = 0; i < 3; ++i) {
+    items.push_back([&, i] {
+      return headsum_attention_tensors(&shape, &tq, &tk[i], &tv[i], &to) == HEADSUM_OK;
+    });
+  }
+  items.push_back([&] { return probe(1); });
+  items.push_back([&] { return probe(2); });
+  const auto sec = TimeAlternated(state, items, 1);
+  const size_t its = sec[4].size();
+  if (its == 0) return;
+  const auto best_probe = [&](size_t it) {  // bytes a second
+    return std::max(probe_bytes[0] / sec[3][it], probe_bytes[1] / sec[4][it]);
+  };
+  for (int i = 1; i < 3; ++i) {
+    const std::string dt = i == 1 ? "f16" : "bf16";
+    state.counters["speed_" + dt] = MedianOver(its, [&](size_t it) { return sec[0][it] / sec[i][it]; });
+    state.counters["share_" + dt] = MedianOver(its, [&](size_t it) {
+      return double(bytes16) / sec[i][it] / best_probe(it);
+    });
+    state.counters["us_" + dt] = Median(sec[i]) * 1e6;
+  }
+  state.counters["us_f32"] = Median(sec[0]) * 1e6;
+  state.counters["probe_GB/s"] = MedianOver(its, best_probe) * 1e-9;
+  headsum_set_num_threads(0);
+}
+
+// Prefill attention (H=8, L=64): f32 contiguous, f32 token-major, f16 and
+// bf16 K/V contiguous.  Counters: token_major (contiguous time over
+// token-major time), speed_f16, speed_bf16 (f32 K/V time over 16-bit).
+void BM_paired_views(benchmark::State& state, int64_t S, bool causal, int threads) {
+  SetThreads(state, threads);
+  const int64_t H = 8, L = 64;
+  const headsum_attn_shape shape = {1, H, H, S, S, L, 0.0f, causal ? 1 : 0};
+  const size_t n = size_t(H * S * L);
+  Buffer q(n, HEADSUM_F32, 1), o(n, HEADSUM_F32, 2);
+  Buffer k(n, HEADSUM_F32, 3), v(n, HEADSUM_F32, 4), kh(n, HEADSUM_F16, 3), vh(n, HEADSUM_F16, 4),
+      kb(n, HEADSUM_BF16, 3), vb(n, HEADSUM_BF16, 4);
+  struct Call {
+    headsum_tensor q, k, v, o;
+  };
+  const auto call = [&](bool tm, const Buffer& kk, const Buffer& vv, headsum_dtype t) {
+    auto view = tm ? headsum_bshd : headsum_bhsd;
+    return Call{view(q.get(), HEADSUM_F32, H, S, L), view(kk.get(), t, H, S, L),
+                view(vv.get(), t, H, S, L), view(o.get(), HEADSUM_F32, H, S, L)};
+  };
+  const Call calls[4] = {call(false, k, v, HEADSUM_F32), call(true, k, v, HEADSUM_F32),
+                         call(false, kh, vh, HEADSUM_F16), call(false, kb, vb, HEADSUM_BF16)};
+  std::vector<std::function<bool()>> items;
+  for (int i = 0; i < 4; ++i) {
+    items.push_back([&, i] {
+      const Call& c = calls[i];
+      return headsum_attention_tensors(&shape, &c.q, &c.k, &c.v, &c.o) == HEADSUM_OK;
+    });
+  }
+  const auto sec = TimeAlternated(state, items, S <= 512 ? 4 : 1);
+  const size_t its = sec[3].size();
+  if (its == 0) return;
+  const auto ratio = [&](size_t a, size_t b) {
+    return MedianOver(its, [&](size_t it) { return sec[a][it] / sec[b][it]; });
+  };
+  state.counters["token_major"] = ratio(0, 1);
+  state.counters["speed_f16"] = ratio(0, 2);
+  state.counters["speed_bf16"] = ratio(0, 3);
+  state.counters["us_f32"] = Median(sec[0]) * 1e6;
+  headsum_set_num_threads(0);
+}
+
+// The decode step's projection (S=1, H=8, L=64, D=512), f32 and bf16 Wo,
+// in blocks of 256 calls: one Wo read over and over (in cache: BM_projection),
+// or each call another layer's Wo from a ring beyond the last-level cache
+// (from memory: BM_projection_stream).  Counter speed_bf16: f32 time over
+// bf16 time.
+void BM_paired_projection(benchmark::State& state, bool from_memory, int threads) {
+  SetThreads(state, threads);
+  const int64_t S = 1, H = 8, L = 64, D = 512;
+  const headsum_proj_shape shape = {1, S, H, L, D};
+  const size_t f32_bytes = size_t(H * L * D) * 4;
+  const size_t layers =
+      from_memory ? std::min<size_t>(std::max<size_t>(4 * LastLevelCacheBytes() / f32_bytes + 1, 8),
+                                     (size_t(2) << 30) / f32_bytes)
+                  : 1;
+  Buffer o(size_t(H * S * L), HEADSUM_F32, 1), y(size_t(S * D), HEADSUM_F32, 3);
+  Buffer w32(layers * size_t(H * L * D), HEADSUM_F32, 2), w16(layers * size_t(H * L * D), HEADSUM_BF16, 2);
+  const headsum_tensor to = headsum_bhsd(o.get(), HEADSUM_F32, H, S, L);
+  const headsum_tensor ty = headsum_bhsd(y.get(), HEADSUM_F32, 1, S, D);
+  size_t next[2] = {0, 0};
+  const auto call = [&](int which) {
+    const Buffer& w = which == 0 ? w32 : w16;
+    const headsum_dtype t = which == 0 ? HEADSUM_F32 : HEADSUM_BF16;
+    const size_t bytes = size_t(H * L * D) * (which == 0 ? 4 : 2);
+    const headsum_tensor tw =
+        headsum_bhsd(static_cast<char*>(w.get()) + next[which] * bytes, t, 1, H * L, D);
+    next[which] = next[which] + 1 == layers ? 0 : next[which] + 1;
+    return headsum_project_heads_sum_tensors(&shape, &to, &tw, nullptr, &ty) == HEADSUM_OK;
+  };
+  // 16 untimed calls before each block: a block times the steady state of
+  // its Wo (in cache: back in the caches after the other dtype's block).
+  const auto sec = TimeAlternated(state, {[&] { return call(0); }, [&] { return call(1); }}, 256, 16);
+  const size_t its = sec[1].size();
+  if (its == 0) return;
+  state.counters["speed_bf16"] = MedianOver(its, [&](size_t it) { return sec[0][it] / sec[1][it]; });
+  state.counters["us_f32"] = Median(sec[0]) * 1e6;
+  state.counters["us_bf16"] = Median(sec[1]) * 1e6;
+  if (from_memory) state.counters["layers"] = static_cast<double>(layers);
+  headsum_set_num_threads(0);
+}
+
+// ---------------------------------------------------------------------------
 // oneDNN composed bf16 attention (decode): S = Q K^T (bf16 in, f32 out, with
 // the scale), softmax (f32 in, bf16 out), O = P V (bf16 in, f32 out).
 
@@ -377,6 +601,28 @@ void Register() {
             BM_projection, DtypeArg(wo), S, threads)
             ->UseRealTime()->Unit(benchmark::kMicrosecond);
       }
+    }
+    // The ratios again, each from calls alternated in one benchmark.
+    for (int64_t hkv : {32, 8}) {
+      benchmark::RegisterBenchmark(
+          ("BM_paired_decode/H:32/Hkv:" + std::to_string(hkv) + "/L:128/Skv:32768" + t).c_str(),
+          BM_paired_decode, 32, hkv, 128, 32768, threads)
+          ->UseRealTime()->Unit(benchmark::kMillisecond)->Iterations(3);
+    }
+    for (int64_t S : {512, 2048}) {
+      for (bool causal : {false, true}) {
+        benchmark::RegisterBenchmark(("BM_paired_views/S:" + std::to_string(S) + "/causal:" +
+                                      std::to_string(causal ? 1 : 0) + t).c_str(),
+                                     BM_paired_views, S, causal, threads)
+            ->UseRealTime()->Unit(benchmark::kMillisecond)->Iterations(S <= 512 ? 8 : 3);
+      }
+    }
+    for (bool from_memory : {false, true}) {
+      benchmark::RegisterBenchmark(
+          (std::string("BM_paired_projection/S:1/wo:") + (from_memory ? "memory" : "cache") + t)
+              .c_str(),
+          BM_paired_projection, from_memory, threads)
+          ->UseRealTime()->Unit(benchmark::kMillisecond)->Iterations(8);
     }
     for (int64_t S : {1, 20}) {
       for (int64_t wo : {0, 2, 1}) {
