@@ -132,29 +132,40 @@ void BM_decode(benchmark::State& state, headsum_dtype kv_t, int64_t H, int64_t H
 // bandwidth a bandwidth-bound kernel can reach.  streams = 2: the bytes as
 // two buffers of half each, read side by side (SumFloats2), as a decode
 // reads K and V; on some machines that gets more than one stream.
-void BM_read_probe(benchmark::State& state, size_t bytes, int threads, int streams) {
-  // Whole chunks of 128 floats (every target's 8 vectors) per thread and buffer.
-  const size_t per = 128 * size_t(threads);
-  const size_t n = bytes / 4 / size_t(streams) / per * per;
-  Buffer a(n, HEADSUM_F32, 5), b(streams == 2 ? n : 0, HEADSUM_F32, 6);
-  const float* p = static_cast<const float*>(a.get());
-  const float* q = static_cast<const float*>(b.get());
-  const size_t chunk = n / size_t(threads);
-  float partial[64] = {};
-  const auto sweep = [&] {
-#pragma omp parallel for num_threads(threads) schedule(static, 1) if (threads > 1)
-    for (int t = 0; t < threads; ++t) {
+class ReadProbe {
+ public:
+  ReadProbe(size_t bytes, int threads, int streams)
+      : threads_(threads), streams_(streams),
+        // Whole chunks of 128 floats (every target's 8 vectors) per thread and buffer.
+        n_(bytes / 4 / size_t(streams) / (128 * size_t(threads)) * (128 * size_t(threads))),
+        a_(n_, HEADSUM_F32, 5), b_(streams == 2 ? n_ : 0, HEADSUM_F32, 6) {}
+  // The bytes one Sweep reads.
+  double Bytes() const { return double(n_) * 4 * streams_; }
+  void Sweep() {
+    const float* p = static_cast<const float*>(a_.get());
+    const float* q = static_cast<const float*>(b_.get());
+    const size_t chunk = n_ / size_t(threads_);
+#pragma omp parallel for num_threads(threads_) schedule(static, 1) if (threads_ > 1)
+    for (int t = 0; t < threads_; ++t) {
       const size_t at = chunk * size_t(t);
-      partial[t * 16] = streams == 2 ? headsum::bench::SumFloats2(p + at, q + at, chunk)
-                                     : headsum::bench::SumFloats(p + at, chunk);
+      partial_[t * 16] = streams_ == 2 ? headsum::bench::SumFloats2(p + at, q + at, chunk)
+                                       : headsum::bench::SumFloats(p + at, chunk);
     }
-  };
-  sweep();  // warm-up: pages faulted in, the caches as the decode rows meet them
-  for (auto _ : state) {
-    sweep();
-    benchmark::DoNotOptimize(partial);
+    benchmark::DoNotOptimize(partial_);
   }
-  state.counters["GB/s"] = benchmark::Counter(double(n) * 4e-9 * streams,
+
+ private:
+  int threads_, streams_;
+  size_t n_;
+  Buffer a_, b_;
+  float partial_[64] = {};
+};
+
+void BM_read_probe(benchmark::State& state, size_t bytes, int threads, int streams) {
+  ReadProbe probe(bytes, threads, streams);
+  probe.Sweep();  // warm-up: pages faulted in, the caches as the decode rows meet them
+  for (auto _ : state) probe.Sweep();
+  state.counters["GB/s"] = benchmark::Counter(probe.Bytes() * 1e-9,
                                               benchmark::Counter::kIsIterationInvariantRate);
 }
 
@@ -220,15 +231,20 @@ size_t LastLevelCacheBytes() {
   return l3 > 0 ? static_cast<size_t>(l3) : size_t(32) << 20;
 }
 
+// Layers of an H*L x D Wo in a ring whose f32 Wo are together at least 4x
+// the last-level cache (the same count for every dtype), at most 2 GiB.
+size_t RingLayers(size_t wo_elements) {
+  const size_t f32_bytes = wo_elements * 4;
+  return std::min<size_t>(std::max<size_t>(4 * LastLevelCacheBytes() / f32_bytes + 1, 8),
+                          (size_t(2) << 30) / f32_bytes);
+}
+
 void BM_projection_stream(benchmark::State& state, headsum_dtype wo_t, int64_t S, int threads) {
   SetThreads(state, threads);
   const int64_t H = 8, L = 64, D = 512;
   const headsum_proj_shape shape = {1, S, H, L, D};
   const size_t wo_bytes = size_t(H * L * D) * (wo_t == HEADSUM_F32 ? 4 : 2);
-  // The same number of layers for both dtypes (sized for f32), at most 2 GiB.
-  const size_t f32_bytes = size_t(H * L * D) * 4;
-  const size_t layers = std::min<size_t>(std::max<size_t>(4 * LastLevelCacheBytes() / f32_bytes + 1, 8),
-                                         (size_t(2) << 30) / f32_bytes);
+  const size_t layers = RingLayers(size_t(H * L * D));
   // One allocation for all the layers, as a model's weights are laid out.
   Buffer o(size_t(H * S * L), HEADSUM_F32, 1), y(size_t(S * D), HEADSUM_F32, 3);
   Buffer wo(layers * size_t(H * L * D), wo_t, 2);
@@ -345,38 +361,25 @@ void BM_paired_decode(benchmark::State& state, int64_t H, int64_t Hkv, int64_t L
   const headsum_tensor tq = headsum_bhsd(q.get(), HEADSUM_F32, H, 1, L);
   const headsum_tensor to = headsum_bhsd(o.get(), HEADSUM_F32, H, 1, L);
   // The probes read as many bytes as the 16-bit K and V (BM_read_probe).
-  const size_t per = 128 * size_t(threads);
   const size_t bytes16 = 2 * kv_n * 2;
-  const size_t n1 = bytes16 / 4 / per * per, n2 = bytes16 / 8 / per * per;
-  Buffer p1(n1, HEADSUM_F32, 5), p2a(n2, HEADSUM_F32, 5), p2b(n2, HEADSUM_F32, 6);
-  float partial[64] = {};
-  const auto probe = [&](int streams) {
-    const size_t n = streams == 2 ? n2 : n1, chunk = n / size_t(threads);
-    const float* a = static_cast<const float*>(streams == 2 ? p2a.get() : p1.get());
-    const float* b = static_cast<const float*>(p2b.get());
-#pragma omp parallel for num_threads(threads) schedule(static, 1) if (threads > 1)
-    for (int t = 0; t < threads; ++t) {
-      const size_t at = chunk * size_t(t);
-      partial[t * 16] = streams == 2 ? headsum::bench::SumFloats2(a + at, b + at, chunk)
-                                     : headsum::bench::SumFloats(a + at, chunk);
-    }
-    benchmark::DoNotOptimize(partial);
-    return true;
-  };
-  const double probe_bytes[2] = {double(n1) * 4, double(n2) * 8};
+  ReadProbe probes[2] = {ReadProbe(bytes16, threads, 1), ReadProbe(bytes16, threads, 2)};
   std::vector<std::function<bool()>> items;
   for (int i = 0; i < 3; ++i) {
     items.push_back([&, i] {
       return headsum_attention_tensors(&shape, &tq, &tk[i], &tv[i], &to) == HEADSUM_OK;
     });
   }
-  items.push_back([&] { return probe(1); });
-  items.push_back([&] { return probe(2); });
+  for (ReadProbe& probe : probes) {
+    items.push_back([&probe] {
+      probe.Sweep();
+      return true;
+    });
+  }
   const auto sec = TimeAlternated(state, items, 1);
   const size_t its = sec[4].size();
   if (its == 0) return;
   const auto best_probe = [&](size_t it) {  // bytes a second
-    return std::max(probe_bytes[0] / sec[3][it], probe_bytes[1] / sec[4][it]);
+    return std::max(probes[0].Bytes() / sec[3][it], probes[1].Bytes() / sec[4][it]);
   };
   for (int i = 1; i < 3; ++i) {
     const std::string dt = i == 1 ? "f16" : "bf16";
@@ -441,11 +444,7 @@ void BM_paired_projection(benchmark::State& state, bool from_memory, int threads
   SetThreads(state, threads);
   const int64_t S = 1, H = 8, L = 64, D = 512;
   const headsum_proj_shape shape = {1, S, H, L, D};
-  const size_t f32_bytes = size_t(H * L * D) * 4;
-  const size_t layers =
-      from_memory ? std::min<size_t>(std::max<size_t>(4 * LastLevelCacheBytes() / f32_bytes + 1, 8),
-                                     (size_t(2) << 30) / f32_bytes)
-                  : 1;
+  const size_t layers = from_memory ? RingLayers(size_t(H * L * D)) : 1;
   Buffer o(size_t(H * S * L), HEADSUM_F32, 1), y(size_t(S * D), HEADSUM_F32, 3);
   Buffer w32(layers * size_t(H * L * D), HEADSUM_F32, 2), w16(layers * size_t(H * L * D), HEADSUM_BF16, 2);
   const headsum_tensor to = headsum_bhsd(o.get(), HEADSUM_F32, H, S, L);

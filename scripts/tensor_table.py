@@ -44,14 +44,13 @@ def t(rows, name):
     return None if b is None else b[CLOCK]
 
 
-def gbs(rows, name):
-    b = rows.get(name)
-    return None if b is None else b.get("GB/s")
-
-
 def counter(rows, name, key):
     b = rows.get(name)
     return None if b is None else b.get(key)
+
+
+def gbs(rows, name):
+    return counter(rows, name, "GB/s")
 
 
 def fmt(x, spec="{:.2f}"):
