@@ -1,22 +1,7 @@
-// Exports the attention kernels (qk_scores, softmax_v, attention) for every
-// compiled target and splits their work across threads.
-#undef HWY_TARGET_INCLUDE
-#define HWY_TARGET_INCLUDE "dispatch/attention.cc"
-#include "hwy/foreach_target.h"  // IWYU pragma: keep
-
-#include "hwy/highway.h"
-#include "kernels/attention-inl.h"
-#include "kernels/qk_scores-inl.h"
-#include "kernels/softmax_v-inl.h"
-
-#if HWY_ONCE
-#include "dispatch/native_ops.h"
-#include "dispatch/ops.h"
-#include "dispatch/targets.h"
-#include "dispatch/threads.h"
-#include "dispatch/test_hooks.h"
-#include "hwy/aligned_allocator.h"
-
+// The fused attention: plans a call (native bf16 path, grouped decode,
+// head packing or key splits, whether K/V come from memory) and runs its
+// blocks of query rows on the paths the table of dispatch/attention_paths.cc
+// picks.  Compiled once; the kernels are in dispatch/attention_*.cc.
 #include <atomic>
 #include <stdint.h>
 #include <string.h>
@@ -25,79 +10,20 @@
 #include <cpuid.h>
 #endif
 
-namespace headsum {
-HWY_EXPORT(QDotKRows);
-HWY_EXPORT(QkScoresScratch);
-HWY_EXPORT(SoftmaxWeightedSumVRows);
-HWY_EXPORT(SoftmaxVScratch);
-HWY_EXPORT(FlashAttentionRows);
-HWY_EXPORT(AttentionScratch);
-HWY_EXPORT(FlashAttentionRowsHeadPacked);
-HWY_EXPORT(HeadPackFloats);
-HWY_EXPORT(HeadPackedScratch);
-HWY_EXPORT(PartialFloats);
-HWY_EXPORT(MergeKeySplits);
-HWY_EXPORT(MergeScratch);
+#include "dispatch/attention_paths.h"
+#include "dispatch/native_ops.h"
+#include "dispatch/ops.h"
+#include "dispatch/targets.h"
+#include "dispatch/threads.h"
+#include "dispatch/test_hooks.h"
+#include "hwy/aligned_allocator.h"
+#include "hwy/base.h"
 
+namespace headsum {
 namespace dispatch {
 namespace {
 
-// Query rows per work item of qk_scores: each item packs K^T once per key
-// chunk, so many rows amortize the packing.
-constexpr size_t kScoreRowBlock = 512;
-// Query rows per work item of softmax_v.
-constexpr size_t kRowBlock = 64;
-
-// Work items (b, h, row block), most expensive first: under a causal mask
-// the last rows see the most keys, so blocks are handed out from the bottom.
-struct RowBlocks {
-  const AttnDims& a;
-  size_t block;
-  size_t per_head() const { return (a.seq_q + block - 1) / block; }
-  size_t count() const { return a.batch * a.heads * per_head(); }
-  template <class F>
-  void Run(size_t item, const F& f) const {
-    const size_t n = per_head();
-    const size_t blk = n - 1 - item % n;
-    const size_t bh = item / n;
-    const size_t i0 = blk * block;
-    const size_t i1 = i0 + block < a.seq_q ? i0 + block : a.seq_q;
-    f(bh / a.heads, bh % a.heads, i0, i1);
-  }
-};
-
-}  // namespace
-
-headsum_status QkScores(const AttnDims& a, const float* q, const float* k, float* scores) {
-  const size_t t = TableIndex(ActiveTarget());
-  const auto kernel = HWY_DISPATCH_TABLE(QDotKRows)[t];
-  const RowBlocks blocks{a, kScoreRowBlock};
-  const bool stream =
-      a.batch * a.heads * a.seq_q * a.seq_kv * sizeof(float) > StreamScoresBytes();
-  return ParallelItems(blocks.count(), HWY_DISPATCH_TABLE(QkScoresScratch)[t](a),
-                       [&](size_t item, float* scratch) {
-                         blocks.Run(item, [&](size_t b, size_t h, size_t i0, size_t i1) {
-                           kernel(a, q, k, scores, b, h, i0, i1, stream, scratch);
-                         });
-                       });
-}
-
-headsum_status SoftmaxV(const AttnDims& a, const float* scores, const float* v, float* out) {
-  const size_t t = TableIndex(ActiveTarget());
-  const auto kernel = HWY_DISPATCH_TABLE(SoftmaxWeightedSumVRows)[t];
-  const RowBlocks blocks{a, kRowBlock};
-  return ParallelItems(blocks.count(), HWY_DISPATCH_TABLE(SoftmaxVScratch)[t](a),
-                       [&](size_t item, float* scratch) {
-                         blocks.Run(item, [&](size_t b, size_t h, size_t i0, size_t i1) {
-                           kernel(a, scores, v, out, b, h, i0, i1, scratch);
-                         });
-                       });
-}
-
-// Keys per split when one query block cannot keep the threads busy (decode):
-// a fixed length, so the split, and with it the result, depends on the shape
-// alone, never on the thread count.
-constexpr size_t kKeySplit = 512;
+constexpr size_t kKeySplit = kAttentionKeySplit;
 
 // The last-level cache of this CPU (sysconf), or 0 when it does not say.
 size_t LastLevelCacheBytes() {
@@ -138,19 +64,18 @@ bool KvFromMemory(const AttnDims& a, const AttnViews& views) {
 //    VM, where it beat the 512-key tiles (H=32 L=128 Skv=32768, one thread:
 //    bf16 45.0 -> 39.1 ms, f16 44.0 -> 40.9; see the kernel).
 //  - AMD: the stream, key by key.  On a Zen 4 VM (AMD EPYC, AVX-512, 1 MiB
-//    L2, 32 MiB L3) the eight-key stream was the slower by far (session 22:
-//    one thread f16 41.6-44.5 ms against 29.0-33.1 with the tiles, bf16
+//    L2, 32 MiB L3) the eight-key stream was the slower by far (one thread f16 41.6-44.5 ms against 29.0-33.1 with the tiles, bf16
 //    47.3-50.6 against 29.4-30.2), and every prefetch distance and hint
 //    left it there.  What held it back was the eight-key groups and the
 //    prefetches: a copy of the kernel on one 64 MB bf16 K and V stream, no
 //    software prefetch, read them in 45-51 ns a key with eight-key groups,
 //    17-20 ns one key at a time (f16 39-43 -> 17-20), and in the library
 //    one key at a time took 31-53 ns with the prefetches, 20-23 without
-//    (bench/results/2026-12-06-zen4-session26.md).  In the library (H=32 L=128 Skv=32768,
+//   .  In the library (H=32 L=128 Skv=32768,
 //    medians of 5, 3 rounds alternated): one thread f16 28.3-31.7 ns a key
 //    and head on the tiles -> 21.5-26.4 key by key, bf16 30.4-32.0 ->
 //    22.4-22.6; two threads f16 17.4-22.5 -> 12.9-18.8, bf16 17.9-21.7 ->
-//    13.8-18.0.  f32 K/V key by key as well (session 27; before, the
+//    13.8-18.0.  f32 K/V key by key as well (before, the
 //    512-key tiles or their aligned-frame form): one thread, 16 bytes off,
 //    4 rounds alternated, medians of 7: 45.7-51.2 -> 42.6-47.7 ns a key and
 //    head (faster in all 4); 64-byte aligned 52.3-56.3 -> 48.4-54.2 (all 3).
@@ -192,6 +117,8 @@ RowStreamKind RowStreamFor() {
   }
 }
 
+}  // namespace
+
 headsum_status Attention(const AttnDims& a, const float* q, const float* k, const float* v,
                          float* out) {
   AttnViews views;
@@ -213,55 +140,48 @@ headsum_status Attention(const AttnDims& dims, const AttnViews& views) {
   if (const native::Path* n = NativeFor({views.q.dtype, views.k.dtype, views.v.dtype})) {
     if (!NativeFewRowsOnF32(*n, a, views)) return NativeAttention(*n, a, views);
   }
-  // A decode step (Sq = 1) of grouped heads: the query rows of the heads that
-  // share a kv head are one head stride apart in Q and O, so each group is
-  // one head of `group` rows over its keys, all of which every row sees.
-  // Each K/V row is then read once per group, not once per query head.
+  // A decode step (Sq = 1) of grouped heads: each group one head of
+  // H/Hkv rows, all of which see every key.
   if (a.seq_q == 1 && a.group() > 1) {
-    AttnDims grouped = a;
-    grouped.heads = a.kv_heads;
-    grouped.seq_q = a.group();
-    grouped.causal = false;
-    AttnViews g = views;
-    g.q.ss = views.q.sh;
-    g.q.sh = views.q.sh * a.group();
-    g.out.ss = views.out.sh;
-    g.out.sh = views.out.sh * a.group();
+    AttnDims grouped;
+    AttnViews g;
+    GroupDecodeHeads(a, views, &grouped, &g);
     return Attention(grouped, g);
   }
-  const size_t t = TableIndex(ActiveTarget());
-  const auto kernel = HWY_DISPATCH_TABLE(FlashAttentionRows)[t];
-  const size_t scratch = HWY_DISPATCH_TABLE(AttentionScratch)[t](a, views);
+  const AttnTarget t = AttnTargetOf(ActiveTarget());
+  const size_t scratch = attn::ScratchFloats(t.index, a, views);
   const RowBlocks blocks{a, kAttentionQueryBlock};
   const size_t splits = a.seq_q <= kAttentionQueryBlock && a.seq_kv >= 2 * kKeySplit
                             ? (a.seq_kv + kKeySplit - 1) / kKeySplit : 1;
-  if (splits == 1 && HWY_DISPATCH_TABLE(HeadPackFloats)[t](a, views) != 0) {
+  if (splits == 1 && attn::HeadPackFloats(t.index, a, views) != 0) {
     // Token-major or 16-bit K/V: each thread copies a head's rows once (see
-    // FlashAttentionRowsHeadPacked); `call` tells this call's copies from
-    // those a previous call left in the reused scratch.
+    // kernels/attention/head_pack-inl.h); `call` tells this call's copies
+    // from those a previous call left in the reused scratch.
     static std::atomic<uint64_t> calls{0};
     const uint64_t call = calls.fetch_add(1, std::memory_order_relaxed) + 1;
     // Work items: the first heads whole (every query block of a head on the
     // thread that copied its rows: one copy a head), then the last
     // `threads` heads' worth block by block (each thread that runs a block
     // of such a head copies it), so that threads running at different
-    // speeds still finish together.  (Items of single blocks throughout, as
-    // before, had both threads copy every head on two threads.  Token-major
-    // f32 H=8 L=64 S=512, alternated in one process on the Zen 3 VM, two
-    // threads, medians of 31 rounds, speed against the contiguous call:
-    // causal 0.934 / 0.948 -> 0.969 / 0.978, not causal 0.996 / 0.994 ->
-    // 1.010 / 1.019; H=5 causal 0.951 -> 0.968, H=12 0.964 -> 0.985; S=2048
-    // and one thread unchanged.  The bits do not depend on which thread
-    // runs a block.)
-    const auto packed = HWY_DISPATCH_TABLE(FlashAttentionRowsHeadPacked)[t];
+    // speeds still finish together.  (Items of single blocks throughout had
+    // both threads copy every head on two threads.  Token-major f32 H=8
+    // L=64 S=512, alternated in one process on a Zen 3 VM, two threads,
+    // medians of 31 rounds, speed against the contiguous call: causal
+    // 0.934 / 0.948 -> 0.969 / 0.978, not causal 0.996 / 0.994 -> 1.010 /
+    // 1.019; H=5 causal 0.951 -> 0.968, H=12 0.964 -> 0.985; S=2048 and one
+    // thread unchanged.  The bits do not depend on which thread runs a
+    // block.)
     const size_t per_head = blocks.per_head(), heads = a.batch * a.heads;
     const size_t threads = static_cast<size_t>(NumThreads());
     const size_t whole = heads / threads > 1 ? (heads / threads - 1) * threads : 0;
     return ParallelItems(whole + (heads - whole) * per_head,
-                         HWY_DISPATCH_TABLE(HeadPackedScratch)[t](a, views),
+                         attn::HeadPackedScratchFloats(t.index, a, views),
                          [&](size_t item, float* scratch) {
                            const auto run = [&](size_t b, size_t h, size_t i0, size_t i1) {
-                             packed(a, views, b, h, i0, i1, call, scratch);
+                             AttnViews packed;
+                             attn::PackHeadViews(t.index, a, views, b, h, call, scratch, &packed);
+                             RunAttentionBlock(t, a, packed, b, h, i0, i1, 0, a.seq_kv, nullptr,
+                                               scratch);
                            };
                            if (item < whole) {
                              for (size_t i = 0; i < per_head; ++i) {
@@ -275,13 +195,13 @@ headsum_status Attention(const AttnDims& dims, const AttnViews& views) {
   if (splits == 1) {
     return ParallelItems(blocks.count(), scratch, [&](size_t item, float* scratch) {
       blocks.Run(item, [&](size_t b, size_t h, size_t i0, size_t i1) {
-        kernel(a, views, b, h, i0, i1, 0, a.seq_kv, nullptr, scratch);
+        RunAttentionBlock(t, a, views, b, h, i0, i1, 0, a.seq_kv, nullptr, scratch);
       });
     });
   }
   // One query block per head: split its keys, then merge the partials in
   // key order.  partials: [B*H][splits][Sq][L + 2].
-  const size_t per_split = a.seq_q * HWY_DISPATCH_TABLE(PartialFloats)[t](a);
+  const size_t per_split = a.seq_q * (a.head_dim + 2);
   hwy::AlignedFreeUniquePtr<float[]> fresh;
   float* const partials =
       CallBuffer(CachedBuffer::kPartials, a.batch * a.heads * splits * per_split, &fresh);
@@ -296,18 +216,18 @@ headsum_status Attention(const AttnDims& dims, const AttnViews& views) {
         const size_t b = bg / a.kv_heads, h = (bg % a.kv_heads) * group + in_group;
         const size_t bh = b * a.heads + h;
         const size_t key_end = HWY_MIN((c + 1) * kKeySplit, a.seq_kv);
-        kernel(a, views, b, h, 0, a.seq_q, c * kKeySplit, key_end,
-               partials + (bh * splits + c) * per_split, scratch);
+        RunAttentionBlock(t, a, views, b, h, 0, a.seq_q, c * kKeySplit, key_end,
+                          partials + (bh * splits + c) * per_split, scratch);
       })) {
     return s;
   }
-  const auto merge = HWY_DISPATCH_TABLE(MergeKeySplits)[t];
-  return ParallelItems(heads, HWY_DISPATCH_TABLE(MergeScratch)[t](a), [&](size_t bh, float* scratch) {
-    merge(a, partials + bh * splits * per_split, splits, views.out, bh / a.heads,
-          bh % a.heads, 0, a.seq_q, scratch);
-  });
+  return ParallelItems(heads, attn::MergeScratchFloats(t.index, a),
+                       [&](size_t bh, float* scratch) {
+                         attn::MergeKeySplits(t.index, a, partials + bh * splits * per_split,
+                                              splits, views.out, bh / a.heads, bh % a.heads, 0,
+                                              a.seq_q, scratch);
+                       });
 }
 
 }  // namespace dispatch
 }  // namespace headsum
-#endif  // HWY_ONCE

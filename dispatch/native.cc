@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "dispatch/attention_paths.h"
 #include "dispatch/targets.h"
 #include "dispatch/threads.h"
 #include "dispatch/test_hooks.h"
@@ -13,7 +14,7 @@ namespace {
 size_t CeilDiv(size_t a, size_t b) { return (a + b - 1) / b; }
 
 // Keys per split of a decode step (as dispatch/attention.cc splits them).
-constexpr size_t kKeySplit = 512;
+constexpr size_t kKeySplit = kAttentionKeySplit;
 // Packed-Wo panels per projection work item: each item packs its O rows
 // once for this many panels (128 columns).
 constexpr size_t kPanelsPerItem = 4;
@@ -45,15 +46,9 @@ headsum_status NativeAttention(const native::Path& path, const AttnDims& a,
   // A decode step of grouped heads: the query heads of a kv head as the rows
   // of one head (one head stride apart), so K/V are read once per group.
   if (a.seq_q == 1 && a.group() > 1) {
-    AttnDims grouped = a;
-    grouped.heads = a.kv_heads;
-    grouped.seq_q = a.group();
-    grouped.causal = false;
-    AttnViews g = views;
-    g.q.ss = views.q.sh;
-    g.q.sh = views.q.sh * a.group();
-    g.out.ss = views.out.sh;
-    g.out.sh = views.out.sh * a.group();
+    AttnDims grouped;
+    AttnViews g;
+    GroupDecodeHeads(a, views, &grouped, &g);
     return NativeAttention(path, grouped, g);
   }
   const size_t scratch = path.attention_scratch(a);

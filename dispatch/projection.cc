@@ -185,7 +185,7 @@ size_t DecodeHeadsPerGroup(const ProjDims& p, size_t wo_bytes) {
 // columns across threads has each read a part of every row.  On a Zen 4
 // VM a core reading half of each 1 KiB row (a 512 x 512 bf16 Wo on two
 // threads) got ~6 GB/s from memory, against ~24 GB/s reading whole rows
-// (bench/results/2026-12-05-zen4-session23.md).
+//.
 headsum_status DecodeByHeadGroups(const ProjDims& p, const TensorView& heads, const WoSource& wo,
                                   const float* bias, const TensorView& y, size_t per_group) {
   const size_t t = TableIndex(ActiveTarget());
@@ -360,7 +360,7 @@ headsum_status ChainedSumInPlace(const ProjDims& p, const TensorView& heads,
 // are split into groups only as far as the threads need items.  Every
 // element of Y is one FMA chain whatever the blocking: the result does not
 // depend on it, nor on the thread count.
-// (Until the eighteenth session blocks of O were sized to the L1, 12 rows
+// (Formerly blocks of O were sized to the L1, 12 rows
 // on Zen 3, and groups of panels to half the L2, each panel read whole from
 // L2 once per row tile, and O packed again for every group: H*L = D = 512,
 // S = 512, one Zen 3 core, 16 bytes off: 3343-3443 us against oneDNN's

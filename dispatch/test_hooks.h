@@ -10,6 +10,7 @@
 #define HEADSUM_DISPATCH_TEST_HOOKS_H_
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "hwy/aligned_allocator.h"
 
@@ -75,6 +76,16 @@ void SetProjectionSweepRows(int rows);
 // rebuild those sums.
 size_t ProjectionDecodeHeadsPerGroup(size_t batch, size_t seq, size_t heads, size_t head_dim,
                                      size_t model_dim, size_t wo_bytes);
+
+// The fused attention's block paths (dispatch/attention_paths.h, AttnPathId):
+// ForceAttentionPath(id) makes every block that path id runs take it (the
+// others as the table picks; -1, the start-up state: none forced).
+// CountAttentionPathRows(true) zeroes and starts per-path counts of the
+// query rows each path ran, AttentionPathRows(id) reads one.  Process-wide;
+// for tests only.
+void ForceAttentionPath(int id);
+void CountAttentionPathRows(bool on);
+uint64_t AttentionPathRows(int id);
 
 }  // namespace testing
 

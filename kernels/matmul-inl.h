@@ -43,7 +43,7 @@ constexpr size_t kTileVecs = 2;
 // 8 x 3 = 24 accumulators, 3 loads of B and 8 broadcasts per 24 FMAs.  The
 // projection gains from it (K = L per head, whole Y rows); the attention
 // products, with their short K and per-tile epilogues, run on 6 x 2 (the
-// scores of a query block on AVX-512: 6 x 4, FlashAttentionRows).
+// scores of a query block on AVX-512: 6 x 4, AttentionTilesBlock).
 #if (HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3) || HWY_ARCH_ARM_A64
 constexpr size_t kWideRows = 8;
 constexpr size_t kWideVecs = 3;
@@ -110,7 +110,7 @@ struct KSegments {
 // loaded, widened and added into 2 KiB of f32 sums kept in L1) took 34 us
 // from memory with no software prefetch, 34-40 prefetching 4-64 KiB ahead
 // into L1 (prefetcht0), 21-24 prefetching 16-64 KiB ahead into L2 (t1 or
-// t2): the rate of loads alone (bench/results/2026-12-05-zen4-session23.md).
+// t2): the rate of loads alone.
 HWY_INLINE void PrefetchIntoL2(const void* p) { __builtin_prefetch(p, 0, 2); }
 
 template <class V>

@@ -26,7 +26,7 @@ namespace headsum {
 namespace HWY_NAMESPACE {
 // The chained sum's register tile.  AVX2 (16 registers): 6 x 2, 2 loads of B
 // and 6 broadcasts per 12 FMAs; a 48-column panel is three of its column
-// tiles.  Until the seventeenth session 4 x 3 (3 + 4), chosen on Zen 1 (one
+// tiles.  Formerly 4 x 3 (3 + 4), chosen on Zen 1 (one
 // core, H*L = D = 512: S=512 7.6 against 7.8-8.0 ms, S=20 300 against 309-327
 // us): it loads B, a panel of 96 KiB streamed from L2 once per row tile, 1.5
 // times as often per FMA, and on the Zen 3 VM that costs more than the
@@ -161,7 +161,7 @@ inline size_t ChainScratch(const ProjDims& p, DType o, DType y) {
 }
 
 // How far ahead RowSweep prefetches Wo: about 16 KiB of the rows it reads.
-// (On the Zen 3 VM, AVX2, in the twenty-eighth session, a bf16 Wo from
+// (On the Zen 3 VM, AVX2, a bf16 Wo from
 // memory one row a pass: 31.2 us one row ahead, 32.4 two, 33.9 sixteen, 37.2
 // with none; f32 in cache 20.0 one row ahead against 24.7 at eight.  Kept at
 // 16 KiB for the Zen 4 figures in PrefetchIntoL2's note, where nothing
@@ -233,16 +233,16 @@ HWY_INLINE void SweepFinish(D d, const float* HWY_RESTRICT y, size_t cols, float
 // best, and loads and stores y once per row; 4 rows side by side load and
 // store it a quarter as often but read four streams 1-2 KiB apart.
 // Measured on an AMD EPYC (Zen 3) VM, H*L = D = 512, medians of 5, two
-// rounds (bench/results/2026-12-04-zen3-session15.md): Wo from memory,
+// rounds: Wo from memory,
 // one thread, bf16 MatMul 50.5-58.7 us, 4 rows 39.0-44.9, 1 row 32.3-35.1;
 // f32 MatMul 74-86, 4 rows 60-68, 1 row 66.9-68.6; Wo in cache, bf16
 // MatMul 12.5-14.6, 4 rows 11.8-12.7, 1 row 17.1 (f32 4 rows 17.7-21.0,
 // 1 row 22.6) (one round each; the kept choice against MatMul, paired:
 // from memory bf16 55 -> 34 us, f32 79-81 -> 60; in cache bf16 13-14 ->
-// 17.5-18.6, f32 20 -> 16).  (Sessions 15-22: one row for a 16-bit Wo
+// 17.5-18.6, f32 20 -> 16).  (Tried before: one row for a 16-bit Wo
 // split by columns across threads, blocks of 8 rows with the sums in
 // registers where one thread read whole rows, four rows for f32, every
-// prefetch into L1.)  Since the twenty-third session, on a Zen 4 VM (a
+// prefetch into L1.)  On a Zen 4 VM (a
 // decode step's threads each read whole rows of their heads, dispatch/
 // projection.cc's DecodeByHeadGroups; the rows ahead asked into L2,
 // PrefetchIntoL2; H*L = D = 512, medians of 21 x 200-2000 calls, three
@@ -253,14 +253,13 @@ HWY_INLINE void SweepFinish(D d, const float* HWY_RESTRICT y, size_t cols, float
 // 48-64 us, two threads 36-37; in cache 19.1, 10.4-10.5) against four
 // (79-82, 43-45; 14.7-15.8, 8.2-8.8).  Each takes what wins by the most:
 // two rows for 16-bit (25% in cache against 10% from memory), one for f32
-// (1.3-1.6x from memory against 0.8x in cache).  Since the twenty-eighth
-// session a 16-bit Wo takes two rows only where the call before read the
+// (1.3-1.6x from memory against 0.8x in cache).  A 16-bit Wo takes two rows only where the call before read the
 // same Wo and it fits the L2s (ProjDims::wo_recent), one row otherwise: on
 // the Zen 3 VM (AVX2; a ring of 1025 layers of bf16 Wo, H*L = D = 512,
 // medians of 15 alternated rounds of 200-2000 calls in one process) one
 // row a pass 29-35 us from memory against 43-48 for two (two threads
 // 23-24 against 31-32), in cache 17-20 against 12.6-15 (two threads 15.0
-// against 13.2); session 23's Zen 4 figures above lean the same way.
+// against 13.2); the Zen 4 figures above lean the same way.
 template <size_t kSweepRows, class TB>
 HWY_INLINE void RowSweep(size_t segments, size_t L, const float* HWY_RESTRICT a, size_t a_step,
                          const TB* HWY_RESTRICT b, size_t ldb, size_t b_step, size_t cols,
@@ -344,7 +343,7 @@ HWY_INLINE void RowSweep(size_t segments, size_t L, const float* HWY_RESTRICT a,
 // f32 rows of c1 - c0 floats, into that panel by the first row tile, which
 // reads Wo in place (a bf16 Wo in column order there, not as pairs:
 // MicroTile); the other row tiles read the panel (MatMulPackingB), and so
-// can the caller's next tiles of rows.  (Until the twelfth session a bf16
+// can the caller's next tiles of rows.  (Formerly a bf16
 // panel was widened in a pass of its own first: a third of an S=20
 // projection's time with Wo in L2, perf on the Sapphire Rapids VM; paired,
 // S=20 one thread 95.7 -> 72.3 us, two 55.4 -> 44.3, Wo from memory 120.4

@@ -117,6 +117,16 @@ constexpr size_t kChainRows = 64;
 // and the kernel sizes its scratch by it.  Enough rows to reuse each packed
 // K^T tile many times.
 constexpr size_t kAttentionQueryBlock = 64;
+// Blocks of up to this many query rows run each row alone on dot products
+// (kernels/attention/decode_rows-inl.h): a block of vectors along the
+// queries would be mostly padding.
+constexpr size_t kAttentionDotRows = 3;
+// Rows per group of the grouped decode path (decode_groups-inl.h).
+constexpr size_t kAttentionGroupRows = 4;
+// Keys per split when one query block cannot keep the threads busy
+// (decode): a fixed length, so the split, and with it the result, depends
+// on the shape alone, never on the thread count.
+constexpr size_t kAttentionKeySplit = 512;
 
 }  // namespace headsum
 
