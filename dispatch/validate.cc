@@ -10,16 +10,41 @@
 #include <cmath>
 #include <initializer_list>
 
+#include "dispatch/entry.h"
+
 namespace headsum {
 namespace dispatch {
 namespace {
 
 thread_local char t_last_error[512] = "";
 
-headsum_status CheckDim(const char* fn, const char* name, int64_t value) {
-  if (value < 1) {
-    return Fail(HEADSUM_ERR_INVALID_ARGUMENT, fn, "shape->%s = %" PRId64 " must be >= 1",
-                name, value);
+struct ShapeDim {
+  const char* name;  // the field of the shape
+  int64_t value;
+};
+
+// Each of a shape's dims, in order, >= 1.
+headsum_status CheckDims(const char* fn, std::initializer_list<ShapeDim> dims) {
+  for (const ShapeDim& d : dims) {
+    if (d.value < 1) {
+      return Fail(HEADSUM_ERR_INVALID_ARGUMENT, fn, "shape->%s = %" PRId64 " must be >= 1",
+                  d.name, d.value);
+    }
+  }
+  return HEADSUM_OK;
+}
+
+// A tensor's extents, for CheckElements.
+struct Extents {
+  const char* name;
+  int64_t a, b, c, d;
+};
+
+// Each tensor, in order, addressable (see CheckElements).
+headsum_status CheckAddressable(const char* fn, std::initializer_list<Extents> tensors) {
+  uint64_t n;
+  for (const Extents& t : tensors) {
+    HEADSUM_CHECK(CheckElements(fn, t.name, &n, t.a, t.b, t.c, t.d));
   }
   return HEADSUM_OK;
 }
@@ -46,6 +71,11 @@ headsum_status CheckPointer(const char* fn, const char* name, const void* p) {
   return HEADSUM_OK;
 }
 
+headsum_status CheckAtLeastOne(const char* fn, const char* name, int64_t value) {
+  if (value >= 1) return HEADSUM_OK;
+  return Fail(HEADSUM_ERR_INVALID_ARGUMENT, fn, "%s = %" PRId64 " must be >= 1", name, value);
+}
+
 headsum_status CheckElements(const char* fn, const char* name, uint64_t* count, int64_t a,
                              int64_t b, int64_t c, int64_t d) {
   uint64_t n = 1;
@@ -65,12 +95,10 @@ headsum_status CheckElements(const char* fn, const char* name, uint64_t* count, 
 
 headsum_status CheckAttnShape(const char* fn, const headsum_attn_shape* shape,
                               AttnDims* dims) {
-  if (headsum_status s = CheckPointer(fn, "shape", shape)) return s;
-  if (headsum_status s = CheckDim(fn, "batch", shape->batch)) return s;
-  if (headsum_status s = CheckDim(fn, "heads", shape->heads)) return s;
-  if (headsum_status s = CheckDim(fn, "seq_q", shape->seq_q)) return s;
-  if (headsum_status s = CheckDim(fn, "seq_kv", shape->seq_kv)) return s;
-  if (headsum_status s = CheckDim(fn, "head_dim", shape->head_dim)) return s;
+  HEADSUM_CHECK(CheckPointer(fn, "shape", shape));
+  HEADSUM_CHECK(CheckDims(fn, {{"batch", shape->batch}, {"heads", shape->heads},
+                               {"seq_q", shape->seq_q}, {"seq_kv", shape->seq_kv},
+                               {"head_dim", shape->head_dim}}));
   if (shape->kv_heads < 0) {
     return Fail(HEADSUM_ERR_INVALID_ARGUMENT, fn,
                 "shape->kv_heads = %" PRId64 " must be >= 0 (0 means = heads)",
@@ -87,16 +115,10 @@ headsum_status CheckAttnShape(const char* fn, const headsum_attn_shape* shape,
                 static_cast<double>(shape->scale));
   }
   // Every tensor a kernel may touch must be addressable.
-  uint64_t n;
-  if (headsum_status s = CheckElements(fn, "q/out [B][H][Sq][L]", &n, shape->batch,
-                                       shape->heads, shape->seq_q, shape->head_dim))
-    return s;
-  if (headsum_status s = CheckElements(fn, "k/v [B][Hkv][Skv][L]", &n, shape->batch,
-                                       kv_heads, shape->seq_kv, shape->head_dim))
-    return s;
-  if (headsum_status s = CheckElements(fn, "scores [B][H][Sq][Skv]", &n, shape->batch,
-                                       shape->heads, shape->seq_q, shape->seq_kv))
-    return s;
+  HEADSUM_CHECK(CheckAddressable(
+      fn, {{"q/out [B][H][Sq][L]", shape->batch, shape->heads, shape->seq_q, shape->head_dim},
+           {"k/v [B][Hkv][Skv][L]", shape->batch, kv_heads, shape->seq_kv, shape->head_dim},
+           {"scores [B][H][Sq][Skv]", shape->batch, shape->heads, shape->seq_q, shape->seq_kv}}));
   dims->batch = static_cast<size_t>(shape->batch);
   dims->heads = static_cast<size_t>(shape->heads);
   dims->kv_heads = static_cast<size_t>(kv_heads);
@@ -112,22 +134,14 @@ headsum_status CheckAttnShape(const char* fn, const headsum_attn_shape* shape,
 
 headsum_status CheckProjShape(const char* fn, const headsum_proj_shape* shape,
                               ProjDims* dims) {
-  if (headsum_status s = CheckPointer(fn, "shape", shape)) return s;
-  if (headsum_status s = CheckDim(fn, "batch", shape->batch)) return s;
-  if (headsum_status s = CheckDim(fn, "seq", shape->seq)) return s;
-  if (headsum_status s = CheckDim(fn, "heads", shape->heads)) return s;
-  if (headsum_status s = CheckDim(fn, "head_dim", shape->head_dim)) return s;
-  if (headsum_status s = CheckDim(fn, "model_dim", shape->model_dim)) return s;
-  uint64_t n;
-  if (headsum_status s = CheckElements(fn, "heads [B][H][S][L]", &n, shape->batch,
-                                       shape->heads, shape->seq, shape->head_dim))
-    return s;
-  if (headsum_status s = CheckElements(fn, "wo [H*L][D]", &n, shape->heads,
-                                       shape->head_dim, shape->model_dim))
-    return s;
-  if (headsum_status s = CheckElements(fn, "y [B][S][D]", &n, shape->batch, shape->seq,
-                                       shape->model_dim))
-    return s;
+  HEADSUM_CHECK(CheckPointer(fn, "shape", shape));
+  HEADSUM_CHECK(CheckDims(fn, {{"batch", shape->batch}, {"seq", shape->seq},
+                               {"heads", shape->heads}, {"head_dim", shape->head_dim},
+                               {"model_dim", shape->model_dim}}));
+  HEADSUM_CHECK(CheckAddressable(
+      fn, {{"heads [B][H][S][L]", shape->batch, shape->heads, shape->seq, shape->head_dim},
+           {"wo [H*L][D]", shape->heads, shape->head_dim, shape->model_dim, 1},
+           {"y [B][S][D]", shape->batch, shape->seq, shape->model_dim, 1}}));
   dims->batch = static_cast<size_t>(shape->batch);
   dims->seq = static_cast<size_t>(shape->seq);
   dims->heads = static_cast<size_t>(shape->heads);

@@ -24,6 +24,8 @@ const char* LastError();
 
 // Each returns HEADSUM_OK or fails with the offending argument named.
 headsum_status CheckPointer(const char* fn, const char* name, const void* p);
+// value >= 1: "<name> = <value> must be >= 1" otherwise.
+headsum_status CheckAtLeastOne(const char* fn, const char* name, int64_t value);
 // Fills `dims` from `shape` (kv_heads 0 -> heads, scale 0 -> 1/sqrt(L)).
 headsum_status CheckAttnShape(const char* fn, const headsum_attn_shape* shape,
                               AttnDims* dims);

@@ -20,10 +20,10 @@
 
 #include <atomic>
 #include <cmath>
-#include <exception>
 #include <memory>
 #include <new>
 
+#include "dispatch/entry.h"
 #include "dispatch/rope.h"
 #include "dispatch/test_hooks.h"
 #include "dispatch/validate.h"
@@ -31,15 +31,12 @@
 #include "layer/rope_table.h"
 
 using headsum::dispatch::AllocateFloats;
+using headsum::dispatch::CheckAtLeastOne;
 using headsum::dispatch::CheckElements;
 using headsum::dispatch::CheckPointer;
+using headsum::dispatch::Entry;
 using headsum::dispatch::Fail;
 using headsum::layer::RopeTable;
-
-#define HEADSUM_CHECK(expr)                              \
-  do {                                                   \
-    if (headsum_status status_ = (expr)) return status_; \
-  } while (0)
 
 namespace {
 
@@ -96,29 +93,12 @@ struct headsum_kv_cache {
 
 namespace {
 
-// Kernels do not throw; this guards the C boundary all the same.
-template <class F>
-headsum_status Guarded(const char* fn, const F& f) {
-  try {
-    return f();
-  } catch (const std::bad_alloc&) {
-    return Fail(HEADSUM_ERR_OUT_OF_MEMORY, fn, "out of memory");
-  } catch (const std::exception& e) {
-    return Fail(HEADSUM_ERR_INTERNAL, fn, "internal error: %s", e.what());
-  }
-}
-
 // A failure of a call the layer composes, reported under the layer's name.
 headsum_status Relay(const char* fn, headsum_status status) {
   if (status == HEADSUM_OK) return status;
   char inner[512];
   snprintf(inner, sizeof(inner), "%s", headsum_last_error());
   return Fail(status, fn, "%s", inner);
-}
-
-headsum_status CheckAtLeastOne(const char* fn, const char* name, int64_t value) {
-  if (value >= 1) return HEADSUM_OK;
-  return Fail(HEADSUM_ERR_INVALID_ARGUMENT, fn, "%s = %" PRId64 " must be >= 1", name, value);
 }
 
 // The dtype fields may hold any int: read them as one.
@@ -446,8 +426,7 @@ headsum_status headsum_mha_create(const headsum_mha_config* config, const float*
                                   const float* wk, const float* wv, const float* wo,
                                   const float* bq, const float* bk, const float* bv,
                                   const float* bo, headsum_mha** mha) {
-  static const char* fn = "headsum_mha_create";
-  return Guarded(fn, [&] {
+  return Entry("headsum_mha_create").RunReporting([&](const char* fn) {
     return CreateLayer(fn, config, 0, 0, /*whole=*/true, wq, wk, wv, wo, bq, bk, bv, bo, mha);
   });
 }
@@ -457,8 +436,7 @@ headsum_status headsum_mha_create_shard(const headsum_mha_config* config, int64_
                                         const float* wv, const float* wo, const float* bq,
                                         const float* bk, const float* bv, const float* bo,
                                         headsum_mha** mha) {
-  static const char* fn = "headsum_mha_create_shard";
-  return Guarded(fn, [&] {
+  return Entry("headsum_mha_create_shard").RunReporting([&](const char* fn) {
     return CreateLayer(fn, config, head_begin, head_end, /*whole=*/false, wq, wk, wv, wo, bq,
                        bk, bv, bo, mha);
   });
@@ -468,39 +446,41 @@ void headsum_mha_free(headsum_mha* mha) { delete mha; }
 
 headsum_status headsum_kv_cache_create(const headsum_mha* mha, int64_t batch,
                                        int64_t capacity, headsum_kv_cache** cache) {
-  static const char* fn = "headsum_kv_cache_create";
-  HEADSUM_CHECK(CheckPointer(fn, "mha", mha));
-  HEADSUM_CHECK(CheckAtLeastOne(fn, "batch", batch));
-  HEADSUM_CHECK(CheckAtLeastOne(fn, "capacity", capacity));
-  HEADSUM_CHECK(CheckPointer(fn, "cache", cache));
-  uint64_t n;
-  HEADSUM_CHECK(CheckElements(fn, "cache K/V [B][Hkv][capacity][L]", &n, batch, mha->kv_heads,
-                              capacity, mha->head_dim));
-  return Guarded(fn, [&]() -> headsum_status {
-    std::unique_ptr<headsum_kv_cache> c(new (std::nothrow) headsum_kv_cache{});
-    if (!c) return Fail(HEADSUM_ERR_OUT_OF_MEMORY, fn, "out of memory for the cache");
-    c->layer_id = mha->id;
-    c->batch = batch;
-    c->capacity = capacity;
-    c->length = 0;
-    c->kv_heads = mha->kv_heads;
-    c->head_dim = mha->head_dim;
-    c->dtype = mha->cache_dtype;
-    const size_t floats = (static_cast<size_t>(n) * DtypeBytes(c->dtype) + 3) / 4;
-    c->k = AllocateFloats(floats);
-    c->v = c->k ? AllocateFloats(floats) : nullptr;
-    if (!c->v) {
-      return Fail(HEADSUM_ERR_OUT_OF_MEMORY, fn,
-                  "out of memory for K and V (2 x %" PRIu64 " elements)", n);
-    }
-    // The angles of every position the cache can hold, once, here: its
-    // forward calls then never grow the table.
-    if (mha->rope && mha->rope->Rows(static_cast<size_t>(capacity)) == nullptr) {
-      return Fail(HEADSUM_ERR_OUT_OF_MEMORY, fn, "out of memory for the RoPE table");
-    }
-    *cache = c.release();
-    return HEADSUM_OK;
-  });
+  uint64_t n;  // elements of K, and of V
+  return Entry("headsum_kv_cache_create")
+      .Pointer("mha", mha)
+      .Check(CheckAtLeastOne, "batch", batch)
+      .Check(CheckAtLeastOne, "capacity", capacity)
+      .Pointer("cache", cache)
+      .Check([&](const char* fn) {
+        return CheckElements(fn, "cache K/V [B][Hkv][capacity][L]", &n, batch, mha->kv_heads,
+                             capacity, mha->head_dim);
+      })
+      .RunReporting([&](const char* fn) -> headsum_status {
+        std::unique_ptr<headsum_kv_cache> c(new (std::nothrow) headsum_kv_cache{});
+        if (!c) return Fail(HEADSUM_ERR_OUT_OF_MEMORY, fn, "out of memory for the cache");
+        c->layer_id = mha->id;
+        c->batch = batch;
+        c->capacity = capacity;
+        c->length = 0;
+        c->kv_heads = mha->kv_heads;
+        c->head_dim = mha->head_dim;
+        c->dtype = mha->cache_dtype;
+        const size_t floats = (static_cast<size_t>(n) * DtypeBytes(c->dtype) + 3) / 4;
+        c->k = AllocateFloats(floats);
+        c->v = c->k ? AllocateFloats(floats) : nullptr;
+        if (!c->v) {
+          return Fail(HEADSUM_ERR_OUT_OF_MEMORY, fn,
+                      "out of memory for K and V (2 x %" PRIu64 " elements)", n);
+        }
+        // The angles of every position the cache can hold, once, here: its
+        // forward calls then never grow the table.
+        if (mha->rope && mha->rope->Rows(static_cast<size_t>(capacity)) == nullptr) {
+          return Fail(HEADSUM_ERR_OUT_OF_MEMORY, fn, "out of memory for the RoPE table");
+        }
+        *cache = c.release();
+        return HEADSUM_OK;
+      });
 }
 
 int64_t headsum_kv_cache_length(const headsum_kv_cache* cache) {
@@ -527,9 +507,11 @@ void headsum_kv_cache_free(headsum_kv_cache* cache) { delete cache; }
 
 headsum_status headsum_mha_forward(const headsum_mha* mha, headsum_kv_cache* cache,
                                    int64_t batch, int64_t seq, const float* x, float* y) {
-  static const char* fn = "headsum_mha_forward";
-  HEADSUM_CHECK(headsum::layer::CheckForward(fn, mha, cache, batch, seq, x, y));
-  return Guarded(fn, [&] { return headsum::layer::Forward(fn, mha, cache, batch, seq, x, y); });
+  return Entry("headsum_mha_forward")
+      .Check(headsum::layer::CheckForward, mha, cache, batch, seq, x, y)
+      .RunReporting([&](const char* fn) {
+        return headsum::layer::Forward(fn, mha, cache, batch, seq, x, y);
+      });
 }
 
 }  // extern "C"
