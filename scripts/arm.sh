@@ -68,18 +68,9 @@ if ! dpkg --print-foreign-architectures | grep -qx arm64; then
   dpkg --add-architecture arm64
   update=1
 fi
-missing=()
-for p in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if [ ${#missing[@]} -ne 0 ]; then
-  echo "arm: installing ${missing[*]}"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  update=0
-  apt-get install -y -qq --no-install-recommends "${missing[@]}" > /dev/null
-fi
-[ "$update" = 0 ] || apt-get update -qq
+source scripts/install-deps.sh  # install_missing
+install_missing --quiet arm "${packages[@]}"
+[ "$update" = 0 ] || [ "$apt_updated" = 1 ] || apt-get update -qq
 t_installed=$(date +%s)
 
 # ---- 2. build -------------------------------------------------------------------

@@ -4,8 +4,9 @@
 # bytes off (as std::vector / glibc malloc gives), and the whole run twice:
 # OpenMP threads pinned (OMP_PROC_BIND=true OMP_PLACES=cores) and unpinned
 # (OMP_PROC_BIND=false) -- prints the comparison tables and draws
-# bench-results.png.  Extra arguments go to scripts/bench_table.py (e.g.
-# --repetitions 5, --filter attention, --bind pinned, --interleave).
+# bench-results.png (scripts/bench.py kernels), then the per-head costs
+# (scripts/bench.py per-head).  Extra arguments go to `bench.py kernels`
+# (e.g. --repetitions 5, --filter attention, --bind pinned, --interleave).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh python3-matplotlib
@@ -32,7 +33,7 @@ fi
 echo "bench.sh: plotting with $python ($("$python" -c 'import matplotlib, sys; print(sys.version.split()[0], "matplotlib", matplotlib.__version__)'))" >&2
 
 rm -f bench-results.png
-"$python" scripts/bench_table.py --bench "$build/bench/headsum_bench" \
+"$python" scripts/bench.py kernels --bench "$build/bench/headsum_bench" \
   --plot bench-results.png --require-png "$@"
 if [ ! -s bench-results.png ]; then
   echo "bench.sh: bench-results.png was not written" >&2
@@ -41,4 +42,4 @@ fi
 
 cmake --build "$build" -j"$(nproc)" --target headsum_per_head_bench
 OMP_PROC_BIND=true OMP_PLACES=cores \
-  "$python" scripts/per_head_table.py --bench "$build/bench/headsum_per_head_bench"
+  "$python" scripts/bench.py per-head --bench "$build/bench/headsum_per_head_bench"

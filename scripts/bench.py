@@ -1,5 +1,189 @@
 #!/usr/bin/env python3
-"""Pairs every headsum kernel with its oneDNN twin and prints a table.
+"""headsum's benchmark driver: runs a benchmark binary, or reads the JSON it
+wrote, and prints its tables.
+
+    python3 scripts/bench.py kernels --bench build/bench/headsum_bench --plot bench.png
+    python3 scripts/bench.py tensor t.json
+    python3 scripts/bench.py per-head --bench build/bench/headsum_per_head_bench
+
+`bench.py SUBCOMMAND --help` lists a subcommand's options.
+
+Every subcommand takes --bench BINARY (run it: --benchmark_format=json,
+--repetitions N with aggregates only, --filter, --min-time, --save-json) or
+--json FILE (read what it wrote), and --clock wall|cpu.  Medians throughout:
+a benchmark's median aggregate, or the median over its runs where the JSON
+has no aggregates.  Python 3.11 standard library only (matplotlib optional,
+for kernels --plot).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import statistics
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# --------------------------------------------------------------------------
+# Shared: running a benchmark, its JSON, medians, names, the clock, tables
+
+
+def run_bench(binary: str, repetitions: int, extra: list[str], env: dict | None = None,
+              note: str = "") -> dict:
+    """Runs a Google Benchmark binary and returns the JSON it printed:
+    medians (and the other aggregates) of `repetitions` runs of each row."""
+    cmd = [
+        binary,
+        "--benchmark_format=json",
+        f"--benchmark_repetitions={repetitions}",
+        "--benchmark_report_aggregates_only=true",
+        *extra,
+    ]
+    print(f"running{f' ({note})' if note else ''}:", " ".join(cmd), file=sys.stderr)
+    done = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, check=False)
+    if done.returncode != 0:
+        sys.exit(f"{binary} exited with status {done.returncode}")
+    return json.loads(done.stdout)
+
+
+def bench_flags(args: argparse.Namespace) -> list[str]:
+    """The benchmark flags of --filter and --min-time."""
+    extra = []
+    if args.filter:
+        extra.append(f"--benchmark_filter={args.filter}")
+    if args.min_time:
+        extra.append(f"--benchmark_min_time={args.min_time}")
+    return extra
+
+
+def load_json(path: str) -> dict:
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def save_json(doc: dict, path: Path) -> None:
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+
+
+def median_rows(doc: dict) -> dict[str, dict | None]:
+    """Each benchmark's median, by run name in order of appearance: its
+    median aggregate; where the JSON has no aggregates of it (one
+    repetition), the median of each number over its runs, failed if any run
+    failed (with the first failure's message); None where it has aggregates
+    but no median."""
+    runs: dict[str, list[dict]] = {}
+    medians: dict[str, dict] = {}
+    order: dict[str, None] = {}
+    for b in doc.get("benchmarks", []):
+        name = b.get("run_name", b["name"])
+        order.setdefault(name)
+        if b.get("run_type") == "aggregate":
+            if b.get("aggregate_name") == "median":
+                medians[name] = b
+        else:
+            runs.setdefault(name, []).append(b)
+    return {name: medians[name] if name in medians else median_of_runs(runs.get(name, []))
+            for name in order}
+
+
+def median_of_runs(runs: list[dict]) -> dict | None:
+    if not runs:
+        return None
+    row: dict = {}
+    for key in dict.fromkeys(k for r in runs for k in r):
+        values = [r[key] for r in runs if key in r]
+        numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+        row[key] = statistics.median(values) if numbers else values[0]
+    failed = [r for r in runs if r.get("error_occurred")]
+    if failed:
+        row["error_occurred"] = True
+        row["error_message"] = failed[0].get("error_message", "error")
+    return row
+
+
+def parse_name(run_name: str, labels: int = 1) -> tuple[str, list[str], dict[str, int]] | None:
+    """'BM_k/impl/a:1/b:2/real_time' -> ('k', ['impl'], {'a': 1, 'b': 2}): the
+    first `labels` fields after the name as they are, then the whole-number
+    parameters of the rest."""
+    parts = run_name.split("/")
+    if len(parts) < 1 + labels or not parts[0].startswith("BM_"):
+        return None
+    params: dict[str, int] = {}
+    for part in parts[1 + labels:]:
+        key, sep, value = part.partition(":")
+        if not sep:
+            continue  # real_time, repeats and other suffixes Google Benchmark adds
+        try:
+            params[key] = int(value)
+        except ValueError:
+            continue
+    return parts[0][3:], parts[1:1 + labels], params
+
+
+WALL, CPU = "wall", "cpu"
+
+
+def clock_option(parser: argparse.ArgumentParser, rows: str) -> None:
+    parser.add_argument("--clock", choices=(WALL, "real", CPU), default=WALL,
+                        help="cpu: the benchmark thread's CPU time instead of the wall clock, "
+                             "for a shared, busy machine (time spent waiting for a core does "
+                             f"not count), {rows}; wall or real: the wall clock (default)")
+
+
+def time_key(clock: str, threads: int = 1) -> str:
+    """The JSON field a row's time is read from: cpu_time under --clock cpu
+    for a row of one thread (all its work runs on the thread the benchmark
+    times), real_time otherwise."""
+    return "cpu_time" if clock == CPU and threads == 1 else "real_time"
+
+
+def fmt(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None or math.isnan(value) else f"{value:.{digits}f}"
+
+
+def render(header: list[str], body: list[list[str]], numeric: list[bool],
+           markdown: bool) -> list[str]:
+    """A Markdown table, or a plain one: columns padded, numbers right-aligned."""
+    if markdown:
+        lines = ["| " + " | ".join(header) + " |",
+                 "|" + "|".join("---:" if n else "---" for n in numeric) + "|"]
+        return lines + ["| " + " | ".join(r) + " |" for r in body]
+    widths = [max(len(r[i]) for r in [header, *body]) for i in range(len(header))]
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(
+            c.rjust(w) if n else c.ljust(w) for c, w, n in zip(cells, widths, numeric)
+        ).rstrip()
+
+    return [line(header), "  ".join("-" * w for w in widths)] + [line(r) for r in body]
+
+
+def source_options(parser: argparse.ArgumentParser, binary: str, json_help: str,
+                   many: bool = False, required: bool = True) -> None:
+    """--bench BINARY or --json FILE, and the options of a run."""
+    source = parser.add_mutually_exclusive_group(required=required)
+    source.add_argument("--bench", help=f"path of {binary} to run")
+    source.add_argument("--json", nargs="+" if many else None, help=json_help)
+    parser.add_argument("--repetitions", type=int, default=5, help="with --bench (default 5)")
+    parser.add_argument("--filter", help="--benchmark_filter regex, with --bench")
+    parser.add_argument("--min-time", help="--benchmark_min_time, with --bench")
+    parser.add_argument("--save-json", help="with --bench: also write the raw JSON here")
+
+
+def subcommand(subparsers, name: str, summary: str, doc: str) -> argparse.ArgumentParser:
+    return subparsers.add_parser(name, help=summary, description=doc,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+# --------------------------------------------------------------------------
+# kernels: headsum_bench, every kernel beside its oneDNN twin
+
+KERNELS_DOC = """Pairs every headsum kernel with its oneDNN twin and prints a table.
 
 Runs headsum_bench (or reads the JSON it wrote) with
 
@@ -24,26 +208,13 @@ rate as a share of the read-bandwidth probe (BM_read_bandwidth, the same
 bytes and threads, same run); the tiny calls and S=20 rows a table of
 per-call times (the fixed cost).
 
-    python3 scripts/bench_table.py --bench build/bench/headsum_bench \\
+    python3 scripts/bench.py kernels --bench build/bench/headsum_bench \\
         --repetitions 5 --plot bench.png --save-json run.json
-    python3 scripts/bench_table.py --json run.pinned.json run.unpinned.json --markdown
+    python3 scripts/bench.py kernels --json run.pinned.json run.unpinned.json --markdown
 
 --plot draws GFLOP/s against sequence length per kernel, headsum and oneDNN,
 with matplotlib when it imports, else as an SVG written by hand.
-Python 3.11 standard library only (matplotlib optional).
 """
-
-from __future__ import annotations
-
-import argparse
-import json
-import math
-import os
-import statistics
-import subprocess
-import sys
-from dataclasses import dataclass, field
-from pathlib import Path
 
 HEADSUM = "headsum"
 ONEDNN = "onednn"
@@ -119,8 +290,6 @@ class Extras:
     fixed: dict[tuple[str, str, int], float] = field(default_factory=dict)
 
 
-# --------------------------------------------------------------------------
-# Running and parsing
 
 
 def bind_env(bind: str) -> dict:
@@ -134,104 +303,52 @@ def bind_env(bind: str) -> dict:
     return env
 
 
-def run_bench(binary: str, repetitions: int, extra: list[str], bind: str) -> dict:
-    cmd = [
-        binary,
-        "--benchmark_format=json",
-        f"--benchmark_repetitions={repetitions}",
-        "--benchmark_report_aggregates_only=true",
-        *extra,
-    ]
-    env = bind_env(bind)
-    print(f"running ({bind}: OMP_PROC_BIND={env['OMP_PROC_BIND']}):", " ".join(cmd),
-          file=sys.stderr)
-    done = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, check=False)
-    if done.returncode != 0:
-        sys.exit(f"{binary} exited with status {done.returncode}")
-    return json.loads(done.stdout)
-
-
-def parse_name(run_name: str) -> tuple[str, str, dict[str, int]] | None:
-    """'BM_k/impl/a:1/b:2/real_time' -> ('k', 'impl', {'a': 1, 'b': 2})."""
-    parts = run_name.split("/")
-    if len(parts) < 2 or not parts[0].startswith("BM_"):
-        return None
-    params: dict[str, int] = {}
-    for part in parts[2:]:
-        key, sep, value = part.partition(":")
-        if not sep:
-            continue  # real_time, repeats and other suffixes Google Benchmark adds
-        try:
-            params[key] = int(value)
-        except ValueError:
-            continue
-    return parts[0][3:], parts[1], params
-
-
-def medians_by_name(doc: dict) -> tuple[list[str], dict[str, list[dict]]]:
-    """Each benchmark's median aggregate, or its runs when the JSON holds no
-    aggregates (a single repetition); names in order of appearance."""
-    runs: dict[str, list[dict]] = {}
-    medians: dict[str, dict] = {}
-    order: list[str] = []
-    for b in doc.get("benchmarks", []):
-        name = b.get("run_name", b["name"])
-        if name not in runs and name not in medians:
-            order.append(name)
-        if b.get("run_type") == "aggregate":
-            if b.get("aggregate_name") == "median":
-                medians[name] = b
-        else:
-            runs.setdefault(name, []).append(b)
-    return order, {n: [medians[n]] if n in medians else runs.get(n, []) for n in order}
-
-
-def collect_rows(doc: dict, extras: Extras, clock: str = "real") -> list[Row]:
+def collect_rows(doc: dict, extras: Extras, clock: str = WALL) -> list[Row]:
     """One Row per kernel benchmark; the probe and fixed-cost rows go to extras.
     clock "cpu": one-thread rows are timed by the benchmark thread's CPU time
     instead of the wall clock (all their work runs on that thread), and their
     rates scaled to match: on a shared machine, time spent waiting for a core
     then does not count.  Rows of more threads keep the wall clock."""
     bind = bind_of(doc)
-    order, candidates_of = medians_by_name(doc)
     rows = []
-    for name in order:
+    for name, median in median_rows(doc).items():
         parsed = parse_name(name)
         if parsed is None:
             continue
-        kernel, impl, params = parsed
-        candidates = candidates_of[name]
-        errors = [c for c in candidates if c.get("error_occurred")]
+        kernel, (impl,), params = parsed
+        if median is None:
+            error = "no result"
+        else:
+            error = median.get("error_message", "error") if median.get("error_occurred") else ""
 
         def med(key: str) -> float:
-            values = [c[key] for c in candidates if key in c]
-            return statistics.median(values) if values else math.nan
+            return median.get(key, math.nan) if median else math.nan
 
         # real time / the time the table uses (> 1 when CPU time replaces
         # the wall clock of a preempted one-thread row).
-        use_cpu = clock == "cpu" and params.get("threads", 1) == 1 and med("cpu_time") > 0
+        use_cpu = time_key(clock, params.get("threads", 1)) == "cpu_time" and med("cpu_time") > 0
         stretch = med("real_time") / med("cpu_time") if use_cpu else 1.0
-        time_key = "cpu_time" if use_cpu else "real_time"
+        time_field = "cpu_time" if use_cpu else "real_time"
         if kernel == "read_bandwidth":
-            if not errors and candidates:
+            if not error:
                 extras.probe[(bind, params.get("bytes", 0), params.get("threads", 1))] = (
                     med("GB/s") * stretch)
             continue
         if kernel == "fixed_cost":
-            if not errors and candidates:
-                unit = {"ns": 1e-3, "us": 1.0, "ms": 1e3}.get(candidates[0].get("time_unit"), 1.0)
-                extras.fixed[(impl, bind, params.get("threads", 1))] = med(time_key) * unit
+            if not error:
+                unit = {"ns": 1e-3, "us": 1.0, "ms": 1e3}.get(median.get("time_unit"), 1.0)
+                extras.fixed[(impl, bind, params.get("threads", 1))] = med(time_field) * unit
             continue
         if not (impl in IMPLS or impl.startswith(LOWER_PREFIX)):
             continue
         off = params.pop("off", ALIGNED)
         row = Row(kernel, impl, params, off=off, bind=bind)
-        if errors or not candidates:
-            row.error = errors[0].get("error_message", "error") if errors else "no result"
+        if error:
+            row.error = error
             rows.append(row)
             continue
-        row.real_time = med(time_key)
-        row.time_unit = candidates[0].get("time_unit", "us")
+        row.real_time = med(time_field)
+        row.time_unit = median.get("time_unit", "us")
         row.gflops = med("GFLOP/s") * stretch
         row.visible_gflops = med("visible_GFLOP/s") * stretch
         row.pct_peak = med("pct_peak") * stretch
@@ -317,10 +434,6 @@ def shape_text(params: dict[str, int], common: dict[str, int]) -> str:
     if causal:
         text += " causal"
     return text
-
-
-def fmt(value: float, digits: int = 1) -> str:
-    return "-" if value is None or math.isnan(value) else f"{value:.{digits}f}"
 
 
 def is_decode(params: dict[str, int]) -> bool:
@@ -427,20 +540,6 @@ def table_lines(pairs: list[Pair], markdown: bool, binds: list[str], extras: Ext
     return lines
 
 
-def render(header: list[str], body: list[list[str]], numeric: list[bool],
-           markdown: bool) -> list[str]:
-    if markdown:
-        lines = ["| " + " | ".join(header) + " |",
-                 "|" + "|".join("---:" if n else "---" for n in numeric) + "|"]
-        return lines + ["| " + " | ".join(r) + " |" for r in body]
-    widths = [max(len(r[i]) for r in [header, *body]) for i in range(len(header))]
-
-    def line(cells: list[str]) -> str:
-        return "  ".join(
-            c.rjust(w) if n else c.ljust(w) for c, w, n in zip(cells, widths, numeric)
-        ).rstrip()
-
-    return [line(header), "  ".join("-" * w for w in widths)] + [line(r) for r in body]
 
 
 def is_tiny(params: dict[str, int]) -> bool:
@@ -709,43 +808,30 @@ def plot(pairs: list[Pair], path: Path, title: str, bind: str) -> Path:
     return path
 
 
-# --------------------------------------------------------------------------
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--bench", help="path of headsum_bench to run")
-    source.add_argument("--json", nargs="+",
-                        help="read these headsum_bench JSON outputs instead (one per binding)")
-    parser.add_argument("--repetitions", type=int, default=5, help="with --bench (default 5)")
-    parser.add_argument("--filter", help="--benchmark_filter regex, with --bench")
-    parser.add_argument("--min-time", type=float, help="--benchmark_min_time, with --bench")
-    parser.add_argument("--bind", choices=(PINNED, UNPINNED, "both"), default="both",
-                        help="with --bench: run with OpenMP threads pinned (OMP_PROC_BIND=true "
-                             "OMP_PLACES=cores), unpinned (OMP_PROC_BIND=false), or both, one "
-                             "run after the other (default both)")
-    parser.add_argument("--interleave", action="store_true",
-                        help="with --bench: --benchmark_enable_random_interleaving=true (the "
-                             "repetitions of all rows in random order, so that a slow spell "
-                             "of a shared machine hits both libraries alike)")
-    parser.add_argument("--save-json",
-                        help="with --bench: also write the raw JSON here (with two bindings, "
-                             "NAME.pinned.json and NAME.unpinned.json)")
-    parser.add_argument("--clock", choices=("real", "cpu"), default="real",
-                        help="cpu: time one-thread rows by the benchmark thread's CPU time "
-                             "(for a shared, busy machine; rows of more threads keep the wall "
-                             "clock, and say so); default real")
-    parser.add_argument("--markdown", action="store_true", help="print Markdown tables")
-    parser.add_argument("--plot", help="write GFLOP/s vs sequence length to this .png/.svg")
-    parser.add_argument("--require-png", action="store_true",
-                        help="with --plot NAME.png: fail rather than fall back to an SVG when "
-                             "matplotlib does not import")
-    args = parser.parse_args(argv)
+def kernels_options(p: argparse.ArgumentParser) -> None:
+    source_options(p, "headsum_bench", "read these headsum_bench JSON outputs instead "
+                   "(one per binding)", many=True)
+    p.add_argument("--bind", choices=(PINNED, UNPINNED, "both"), default="both",
+                   help="with --bench: run with OpenMP threads pinned (OMP_PROC_BIND=true "
+                        "OMP_PLACES=cores), unpinned (OMP_PROC_BIND=false), or both, one "
+                        "run after the other (default both; --save-json NAME.json then "
+                        "writes NAME.pinned.json and NAME.unpinned.json)")
+    p.add_argument("--interleave", action="store_true",
+                   help="with --bench: --benchmark_enable_random_interleaving=true (the "
+                        "repetitions of all rows in random order, so that a slow spell "
+                        "of a shared machine hits both libraries alike)")
+    clock_option(p, "for the rows of one thread (rows of more threads keep the wall "
+                      "clock, and the table says so)")
+    p.add_argument("--markdown", action="store_true", help="print Markdown tables")
+    p.add_argument("--plot", help="write GFLOP/s vs sequence length to this .png/.svg")
+    p.add_argument("--require-png", action="store_true",
+                   help="with --plot NAME.png: fail rather than fall back to an SVG when "
+                        "matplotlib does not import")
 
+
+def kernels_main(args: argparse.Namespace) -> int:
     if args.require_png and args.plot:
         try:
             import matplotlib  # noqa: F401
@@ -754,26 +840,22 @@ def main(argv: list[str] | None = None) -> int:
 
     docs = []
     if args.bench:
-        extra = []
-        if args.filter:
-            extra.append(f"--benchmark_filter={args.filter}")
-        if args.min_time is not None:
-            extra.append(f"--benchmark_min_time={args.min_time}")
+        extra = bench_flags(args)
         if args.interleave:
             extra.append("--benchmark_enable_random_interleaving=true")
         binds = [PINNED, UNPINNED] if args.bind == "both" else [args.bind]
         for bind in binds:
-            doc = run_bench(args.bench, args.repetitions, extra, bind)
+            env = bind_env(bind)
+            doc = run_bench(args.bench, args.repetitions, extra, env,
+                            f"{bind}: OMP_PROC_BIND={env['OMP_PROC_BIND']}")
             docs.append(doc)
             if args.save_json:
                 path = Path(args.save_json)
                 if len(binds) > 1:
                     path = path.with_name(f"{path.stem}.{bind}{path.suffix or '.json'}")
-                path.write_text(json.dumps(doc, indent=1) + "\n")
+                save_json(doc, path)
     else:
-        for name in args.json:
-            with open(name, encoding="utf-8") as f:
-                docs.append(json.load(f))
+        docs = [load_json(name) for name in args.json]
 
     extras = Extras()
     rows = [r for doc in docs for r in collect_rows(doc, extras, args.clock)]
@@ -814,6 +896,282 @@ def main(argv: list[str] | None = None) -> int:
         if args.require_png and written.suffix.lower() != ".png":
             return 1
     return 0
+
+
+
+
+# --------------------------------------------------------------------------
+# tensor: headsum_tensor_bench, the tensor API's ratios
+
+TENSOR_DOC = """The tensor issue's goals from one run of headsum_tensor_bench.
+
+    build/bench/headsum_tensor_bench --benchmark_format=json > t.json
+    python3 scripts/bench.py tensor [--clock cpu|wall] t.json
+    python3 scripts/bench.py tensor --bench build/bench/headsum_tensor_bench
+
+Reads the median rows and prints, per thread count, every ratio the goals
+name: 16-bit over f32 K/V decode (and the share of the read probe's
+bandwidth over the same bytes: the faster of the one-stream probe and the
+two-stream one, which reads two halves side by side as a decode reads K
+and V), headsum bf16 decode over oneDNN's composed
+bf16 attention, token-major over contiguous, 16-bit over f32 K/V prefill,
+bf16 over f32 Wo projection (Wo cache-resident, and Wo from memory).
+
+Column "paired": the same ratio from the BM_paired_* rows, whose calls are
+alternated inside one benchmark (each iteration times every call once; the
+counter is the median over iterations of the ratio within an iteration;
+the cell shows the median over repetitions): this VM's speed drifts by
+10-25% over minutes, and a ratio of two separately timed medians moved by
+up to 0.3 between runs.  "-" where the run has no paired rows.
+
+With --bench the binary runs with random interleaving (its default).
+"""
+
+
+class TensorRows:
+    """The median rows of a tensor bench run by name, without the
+    /iterations:N and /real_time suffixes; times from one clock."""
+
+    def __init__(self, doc: dict, clock: str):
+        self.rows = {re.sub(r"(/iterations:\d+)?/real_time$", "", name): b
+                     for name, b in median_rows(doc).items() if b is not None}
+        # Every row, of any thread count: the main thread's CPU time.
+        self.key = time_key(clock)
+
+    def time(self, name: str) -> float | None:
+        b = self.rows.get(name)
+        return None if b is None else b[self.key]
+
+    def counter(self, name: str, key: str) -> float | None:
+        b = self.rows.get(name)
+        return None if b is None else b.get(key)
+
+    def gbs(self, name: str) -> float | None:
+        return self.counter(name, "GB/s")
+
+
+def tensor_lines(doc: dict, clock: str) -> list[str]:
+    ctx = doc.get("context", {})
+    rows = TensorRows(doc, clock)
+    t, counter, gbs = rows.time, rows.counter, rows.gbs
+    lines = [
+        f"times: {rows.key} (--clock cpu: the main thread's CPU time, for 1-thread rows "
+        "on a loaded machine)",
+        f"host {ctx.get('host_name', '?')}, {ctx.get('num_cpus', '?')} cpus, "
+        f"{ctx.get('date', '')}; buffers {ctx.get('buffer_offset', '0')} bytes past a "
+        "64-byte boundary",
+    ]
+    for th in (1, 2):
+        s = f"/threads:{th}"
+        body = []
+        for hkv in (32, 8):
+            base = f"/H:32/Hkv:{hkv}/L:128/Skv:32768{s}"
+            f32 = t("BM_decode/kv:f32" + base)
+            kv_bytes_16 = 2 * hkv * 32768 * 128 * 2
+            probe_name = {512 << 20: "512MiB", 128 << 20: "128MiB"}.get(kv_bytes_16)
+            probe1 = gbs(f"BM_read_probe/bytes:{probe_name}{s}") if probe_name else None
+            # The two-stream probe (K and V side by side, as the decode
+            # reads them) where the run has it; the share is of the faster.
+            probe2 = gbs(f"BM_read_probe2/bytes:{probe_name}{s}") if probe_name else None
+            probes = [p for p in (probe1, probe2) if p]
+            probe = max(probes) if probes else None
+            which = ("two streams" if probe2 and probe == probe2 else "one stream")
+            also = (f"; the other probe {fmt(probe1 if probe == probe2 else probe2)}"
+                    if probe1 and probe2 else "")
+            paired = f"BM_paired_decode{base}"
+            for kv in ("f16", "bf16"):
+                x = t(f"BM_decode/kv:{kv}" + base)
+                p_speed = counter(paired, f"speed_{kv}")
+                p_share = counter(paired, f"share_{kv}")
+                p_cell = (f"{fmt(p_speed, 2)}x, {fmt(100 * p_share if p_share else None, 0)}%"
+                          if p_speed else "-")
+                ratio = f32 / x if f32 and x else None
+                share = gbs(f"BM_decode/kv:{kv}" + base)
+                pct = 100 * share / probe if share and probe else None
+                body.append([
+                    f"decode H=32 Hkv={hkv} L=128 Skv=32768, K/V {kv} vs f32",
+                    f"{fmt(ratio, 2)}x ({fmt(x, 0)} vs {fmt(f32, 0)} us); "
+                    f"{fmt(share)} GB/s = {fmt(pct, 0)}% of the probe "
+                    f"({fmt(probe)} GB/s over {probe_name}, {which}{also})",
+                    p_cell, ">= 1.8x, >= 70%"])
+        for shape in ("/H:8/Hkv:8/L:64/Skv:4096", "/H:32/Hkv:32/L:128/Skv:32768",
+                      "/H:32/Hkv:8/L:128/Skv:32768"):
+            h = t("BM_decode_twin/headsum/kv:bf16" + shape + s)
+            o = t("BM_decode_twin/onednn/kv:bf16" + shape + s)
+            r = o / h if h and o else None
+            body.append([f"decode bf16 K/V{shape.replace('/', ' ')} vs oneDNN bf16 composed",
+                         f"{fmt(r, 2)}x ({fmt(h, 0)} vs {fmt(o, 0)} us)", "-", ">= 1.5x"])
+        for S in (512, 2048):
+            for c in (0, 1):
+                suf = f"/S:{S}/causal:{c}{s}"
+                a, b = t("BM_layout/bhsd" + suf), t("BM_layout/bshd" + suf)
+                r = a / b if a and b else None
+                p = counter("BM_paired_views" + suf, "token_major")
+                body.append([f"token-major vs contiguous, S={S}{' causal' if c else ''}",
+                             f"{fmt(r, 2)}x", f"{fmt(p, 2)}x", ">= 0.95x"])
+        for S in (512, 2048):
+            for c in (0, 1):
+                suf = f"/S:{S}/causal:{c}{s}"
+                f32 = t("BM_prefill/kv:f32" + suf)
+                for kv in ("f16", "bf16"):
+                    x = t(f"BM_prefill/kv:{kv}" + suf)
+                    r = f32 / x if f32 and x else None
+                    p = counter("BM_paired_views" + suf, f"speed_{kv}")
+                    body.append([f"prefill S={S}{' causal' if c else ''}, K/V {kv} vs f32",
+                                 f"{fmt(r, 2)}x", f"{fmt(p, 2)}x", ">= 0.9x"])
+        for S in (1, 20, 512):
+            f32 = t(f"BM_projection/wo:f32/S:{S}{s}")
+            b = t(f"BM_projection/wo:bf16/S:{S}{s}")
+            r = f32 / b if f32 and b else None
+            p = counter(f"BM_paired_projection/S:{S}/wo:cache{s}", "speed_bf16")
+            body.append([f"projection S={S}, Wo bf16 vs f32",
+                         f"{fmt(r, 2)}x ({fmt(b)} vs {fmt(f32)} us)",
+                         f"{fmt(p, 2)}x" if p else "-",
+                         ">= 1.6x" if S == 1 else "reported"])
+        for S in (1, 20):
+            name = "BM_projection_stream/wo:{}/S:" + f"{S}{s}"
+            f32, b = t(name.format("f32")), t(name.format("bf16"))
+            r = f32 / b if f32 and b else None
+            bw = gbs(name.format("f32")), gbs(name.format("bf16"))
+            p = counter(f"BM_paired_projection/S:{S}/wo:memory{s}", "speed_bf16")
+            body.append([f"projection S={S}, Wo from memory (a ring of layers beyond the LLC), "
+                         "bf16 vs f32",
+                         f"{fmt(r, 2)}x ({fmt(b)} vs {fmt(f32)} us; "
+                         f"Wo read at {fmt(bw[1])} / {fmt(bw[0])} GB/s)",
+                         f"{fmt(p, 2)}x" if p else "-",
+                         ">= 1.6x" if S == 1 else "reported"])
+        lines += ["", f"## {th} thread{'s' if th > 1 else ''}", ""]
+        lines += render(["case", "measured", "paired", "goal"], body, [False] * 4, True)
+    return lines
+
+
+def tensor_options(p: argparse.ArgumentParser) -> None:
+    source_options(p, "headsum_tensor_bench", "read this headsum_tensor_bench JSON output "
+                   "instead (or name it without --json)", required=False)
+    p.add_argument("json_file", nargs="?", metavar="JSON", help="the same as --json JSON")
+    p.add_argument("--offset", type=int,
+                   help="with --bench: --offset=N, every buffer N bytes past a 64-byte "
+                        "boundary (a multiple of 4 below 64)")
+    clock_option(p, "for every row (the main thread's: meant for the rows of one "
+                      "thread)")
+
+
+def tensor_main(args: argparse.Namespace) -> int:
+    given = [x for x in (args.bench, args.json, args.json_file) if x]
+    if len(given) != 1:
+        args.parser.error("name one of --bench BINARY, --json JSON or JSON")
+    if args.bench:
+        extra = bench_flags(args)
+        if args.offset is not None:
+            extra.append(f"--offset={args.offset}")
+        doc = run_bench(args.bench, args.repetitions, extra)
+        if args.save_json:
+            save_json(doc, Path(args.save_json))
+    else:
+        doc = load_json(args.json or args.json_file)
+    print("\n".join(tensor_lines(doc, args.clock)))
+    return 0
+
+
+# --------------------------------------------------------------------------
+# per-head: headsum_per_head_bench, the cost of per-head contributions
+
+PER_HEAD_DOC = """Runs headsum_per_head_bench and prints what per-head contributions cost.
+
+Attribution (R=1) straight from the fused kernel and through a precomputed
+basis, against materializing every contribution [B][S][H][D] and dotting it
+with the direction; and the extra time of writing per_head over a plain
+project_heads_sum.  Medians of --repetitions runs, times in microseconds.
+With --bench, OMP_PROC_BIND=true unless the environment sets it.
+"""
+
+
+def per_head_times(doc: dict, clock: str) -> dict[tuple[str, int, int], float]:
+    """Microseconds (the bench's unit) by (benchmark, S, threads)."""
+    times = {}
+    for name, b in median_rows(doc).items():
+        parsed = parse_name(name, labels=0)
+        if b is None or parsed is None:
+            continue
+        kind, _, params = parsed
+        if not {"S", "R", "threads"} <= params.keys():
+            continue
+        seq, threads = params["S"], params["threads"]
+        times[(kind, seq, threads)] = b.get(time_key(clock, threads), math.nan)
+    return times
+
+
+def per_head_lines(doc: dict, clock: str, markdown: bool) -> list[str]:
+    t = per_head_times(doc, clock)
+    keys = sorted({(s, th) for (_, s, th) in t})
+    lines = ["", "Per-head contributions (B=1, H=8, L=64, D=512, R=1; medians, microseconds)"]
+    if clock == CPU:
+        lines.append("--clock cpu: one-thread rows timed by CPU time (time waiting for a core "
+                     "excluded); rows of 2 threads by the wall clock")
+    head = ["S", "threads", "attribution", "via basis", "materialize+dot", "speedup",
+            "basis speedup", "project", "project+per_head", "per_head extra"]
+
+    def times(x: float) -> str:
+        return fmt(x) + "x" if not math.isnan(x) else "-"
+
+    body = []
+    for s, th in keys:
+        attr, basis, mat, plain, per = (
+            t.get((k, s, th), math.nan) for k in ("AttributionHeadsum", "AttributionBasis",
+                                                  "AttributionMaterialize", "ProjectPlain",
+                                                  "ProjectPerHead"))
+        extra = 100.0 * (per / plain - 1.0)
+        body.append([str(s), str(th), fmt(attr), fmt(basis), fmt(mat), times(mat / attr),
+                     times(mat / basis), fmt(plain), fmt(per),
+                     "-" if math.isnan(extra) else f"{extra:+.0f}%"])
+    return lines + [""] + render(head, body, [True] * len(head), markdown)
+
+
+def per_head_options(p: argparse.ArgumentParser) -> None:
+    source_options(p, "headsum_per_head_bench",
+                   "read this headsum_per_head_bench JSON output instead")
+    clock_option(p, "for the rows of one thread (rows of more threads keep the wall "
+                      "clock)")
+    p.add_argument("--markdown", action="store_true", help="print a Markdown table")
+
+
+def per_head_main(args: argparse.Namespace) -> int:
+    if args.bench:
+        env = dict(os.environ)
+        env.setdefault("OMP_PROC_BIND", "true")
+        doc = run_bench(args.bench, args.repetitions, bench_flags(args), env)
+        if args.save_json:
+            save_json(doc, Path(args.save_json))
+    else:
+        doc = load_json(args.json)
+    print("\n".join(per_head_lines(doc, args.clock, args.markdown)))
+    return 0
+
+
+# --------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="SUBCOMMAND")
+    commands = (
+        ("kernels", "headsum_bench: every kernel beside its oneDNN twin, threads pinned and "
+         "unpinned, aligned and 16-byte-offset buffers, shares of the peak and of the read "
+         "bandwidth, the fixed per-call cost, a plot", KERNELS_DOC, kernels_options,
+         kernels_main),
+        ("tensor", "headsum_tensor_bench: the tensor API's ratios (16-bit K/V and Wo, "
+         "token-major views, oneDNN's bf16 attention), the paired rows' ratios beside them",
+         TENSOR_DOC, tensor_options, tensor_main),
+        ("per-head", "headsum_per_head_bench: what per-head contributions cost",
+         PER_HEAD_DOC, per_head_options, per_head_main),
+    )
+    for name, summary, doc, options, run in commands:
+        p = subcommand(subparsers, name, summary, doc)
+        options(p)
+        p.set_defaults(run=run, parser=p)
+    args = parser.parse_args(argv)
+    return args.run(args)
 
 
 if __name__ == "__main__":
