@@ -2,11 +2,12 @@
 # find_package(headsum CONFIG REQUIRED) + headsum::headsum works elsewhere,
 # and find_package(headsum CONFIG REQUIRED COMPONENTS mpi) + headsum::mpi.
 #
-# Two export sets: headsumTargets.cmake (headsum::headsum; hwy::hwy,
-# DNNL::dnnl, the OpenMP runtime's paths and the C++ runtime, none needing a
-# language) and headsumMpiTargets.cmake (headsum::mpi, which needs MPI::MPI_C),
-# which headsumConfig.cmake loads only for the mpi component, so that a
-# consumer without it never looks for MPI.
+# Two export sets: headsumTargets.cmake (headsum::headsum, which links
+# hwy::hwy, DNNL::dnnl, the OpenMP runtime by path and, for C links, the C++
+# runtime: nothing that needs a particular language enabled) and
+# headsumMpiTargets.cmake (headsum::mpi, which links MPI::MPI_C), which
+# headsumConfig.cmake loads only for the mpi component, so that a consumer
+# without it never looks for MPI.
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
