@@ -130,8 +130,8 @@ failed_cpus=()
 first=1
 for cpu in "${cpus[@]}"; do
   label=${cpu//,/-}; label=${label//=on/}
-  # package_consumer builds a host-compiler consumer: not for a cross build.
-  exclude='^package_consumer$'
+  # The package_* tests build host-compiler consumers: not for a cross build.
+  exclude='^package_'
   only=()
   if [ "${HEADSUM_ARM_ALL_TARGETS:-1}" = 0 ]; then
     case "$cpu" in
