@@ -355,6 +355,26 @@ std::vector<float> RoundedTo(const std::vector<float>& x, headsum_dtype t) {
   return r;
 }
 
+// The bound of an attention on views of dtypes t: the f32 bound (plus P's
+// rounding to bf16 where a native bf16 path computes it), then a 16-bit
+// output's one rounding.
+std::vector<double> TensorAttentionBound(const RefAttnDims& d, const std::vector<float>& q,
+                                         const std::vector<float>& k,
+                                         const std::vector<float>& v,
+                                         const std::vector<double>& ref, const DtypeCombo& t) {
+  std::vector<double> bound = AttentionBound(d, q.data(), k.data(), v.data());
+  if (NativeBf16Active() && t.q == HEADSUM_BF16 && t.kv == HEADSUM_BF16) {
+    // A native bf16 path computes it: P rounded to bf16 (error_bounds.h).
+    const std::vector<double> pv = NativeBf16PvBound(d, q.data(), k.data(), v.data());
+    for (size_t i = 0; i < bound.size(); ++i) bound[i] += pv[i];
+  }
+  const double u16 = OutputRoundoff(t.out), floor16 = OutputAbsFloor(t.out);
+  for (size_t i = 0; i < bound.size(); ++i) {
+    bound[i] += u16 * (std::fabs(ref[i]) + bound[i]) + floor16;
+  }
+  return bound;
+}
+
 class TensorAttention : public TargetTest {};
 
 TEST_P(TensorAttention, EveryDtypeAndLayoutMatchesReference) {
@@ -377,16 +397,7 @@ TEST_P(TensorAttention, EveryDtypeAndLayoutMatchesReference) {
       const std::vector<float> q = RoundedTo(q0, t.q), k = RoundedTo(k0, t.kv),
                                v = RoundedTo(v0, t.v);
       const std::vector<double> ref = RefAttention(d, q.data(), k.data(), v.data());
-      std::vector<double> bound = AttentionBound(d, q.data(), k.data(), v.data());
-      if (NativeBf16Active() && t.q == HEADSUM_BF16 && t.kv == HEADSUM_BF16) {
-        // A native bf16 path computes it: P rounded to bf16 (error_bounds.h).
-        const std::vector<double> pv = NativeBf16PvBound(d, q.data(), k.data(), v.data());
-        for (size_t i = 0; i < bound.size(); ++i) bound[i] += pv[i];
-      }
-      const double u16 = OutputRoundoff(t.out), floor16 = OutputAbsFloor(t.out);
-      for (size_t i = 0; i < bound.size(); ++i) {
-        bound[i] += u16 * (std::fabs(ref[i]) + bound[i]) + floor16;
-      }
+      const std::vector<double> bound = TensorAttentionBound(d, q, k, v, ref, t);
       for (AttnLayout layout : {AttnLayout::kContiguous, AttnLayout::kTokenMajor,
                                 AttnLayout::kFusedQkv, AttnLayout::kCache}) {
         if (layout == AttnLayout::kFusedQkv && (c.sq != c.skv || t.q != t.kv || t.kv != t.v)) {
@@ -654,11 +665,7 @@ TEST_P(TensorAttention, EveryPathOfTheTableMatchesReference) {
       const std::vector<float> q = RoundedTo(q0, t.q), k = RoundedTo(k0, t.kv),
                                v = RoundedTo(v0, t.v);
       const std::vector<double> ref = RefAttention(d, q.data(), k.data(), v.data());
-      std::vector<double> bound = AttentionBound(d, q.data(), k.data(), v.data());
-      const double u16 = OutputRoundoff(t.out), floor16 = OutputAbsFloor(t.out);
-      for (size_t i = 0; i < bound.size(); ++i) {
-        bound[i] += u16 * (std::fabs(ref[i]) + bound[i]) + floor16;
-      }
+      const std::vector<double> bound = TensorAttentionBound(d, q, k, v, ref, t);
       for (AttnLayout layout : layouts) {
         AttnBuffers bufs = MakeAttnBuffers(c, t, layout, q, k, v);
         const std::vector<char> out_before = bufs.out.bytes;
