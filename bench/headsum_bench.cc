@@ -2,7 +2,7 @@
 // bench_shapes.h, at 1 and 2 threads.
 //
 // Names are '/'-separated, key:value after the kernel and implementation, so
-// scripts/bench_table.py can pair twins by swapping the second field:
+// `scripts/bench.py kernels` can pair twins by swapping the second field:
 //   BM_attention/headsum/B:1/H:8/Hkv:8/Sq:512/Skv:512/L:64/causal:1/threads:2
 //   BM_attention/onednn/B:1/H:8/Hkv:8/Sq:512/Skv:512/L:64/causal:1/threads:2
 //   BM_project_heads_sum/headsum/B:1/S:20/H:8/L:64/D:512/threads:1

@@ -10,7 +10,7 @@
 //       read bandwidth the decode rows are measured against
 //   BM_read_probe2/bytes:N   the same bytes as two buffers of N/2 read side
 //       by side (as a decode reads K and V; on the Zen 4 VM 3-10% more
-//       than one stream); tensor_table.py divides by the faster probe
+//       than one stream); `scripts/bench.py tensor` divides by the faster probe
 //   BM_decode_twin/{headsum,onednn}/kv:bf16/H:../Skv:..   headsum decode with
 //       bf16 K/V vs oneDNN composed bf16 attention (matmul bf16 -> f32,
 //       softmax, P in bf16, matmul bf16 -> f32)
@@ -24,7 +24,7 @@
 //   BM_paired_projection/S:1/wo:{cache,memory}   the ratios above again, from calls
 //       alternated inside one benchmark (counters: medians over iterations
 //       of ratios formed within one iteration; see TimeAlternated)
-// scripts/tensor_table.py prints the ratios the tensor issue asks for.
+// `scripts/bench.py tensor` prints the ratios the tensor issue asks for.
 // Defaults: --benchmark_repetitions=5 with aggregates only, and
 // --benchmark_enable_random_interleaving=true (see main).  --offset=N starts
 // every buffer N bytes past a 64-byte boundary (16: where std::vector's are).
