@@ -241,16 +241,19 @@ HWY_INLINE void SpreadLines(RowLinePrefetcher<kIntoL2>& next, size_t& credit, si
 }
 
 // Vectors of columns the grouped P V takes at a time from column cc (lv
-// columns in whole vectors of N): on AVX2 three (12 FMA chains: a pair's 8
-// leave the FMA latency no slack, as in the scores) while more than four
-// remain (L = 128: four triples, then two pairs); else two.
-inline size_t GroupPvVecs(size_t cc, size_t lv, size_t N) {
+// columns in whole vectors of N), its loads of V giving `unit` vectors
+// each: on AVX2 three for one-vector loads (12 FMA chains: a pair's 8 leave
+// the FMA latency no slack, as in the scores) while more than four remain
+// (L = 128: four triples, then two pairs); else two (a bf16 pair's load
+// gives two vectors, half a triple's columns).
+inline size_t GroupPvVecs(size_t cc, size_t lv, size_t N, size_t unit) {
 #if HWY_ARCH_X86 && HWY_TARGET == HWY_AVX2
-  if (cc + 3 * N <= lv && lv - cc != 4 * N) return 3;
+  if (unit == 1 && cc + 3 * N <= lv && lv - cc != 4 * N) return 3;
 #endif
   (void)cc;
   (void)lv;
   (void)N;
+  (void)unit;
   return 2;
 }
 
@@ -314,21 +317,146 @@ HWY_INLINE void GroupPvBlock(const Load& load, const T* HWY_RESTRICT v_tile, siz
   store(3, o30, o31, o32);
 }
 
+// How the grouped decode (FlashAttentionGroupByDot) reads the rows of K and
+// V (its Rows): a load of the row at p gives kVecs vectors (Load; LoadTwo:
+// the 2N columns from p as two vectors), their columns in the order in
+// which the scores pair q's terms with them and P V keeps its sums; Queries
+// lays q's rows out in that order, and AddTwo adds two vectors of sums, in
+// that order, into 2N columns of acc, in column order.  A lane of an
+// accumulator sums the columns that land in it, so the order sets which
+// terms a chain adds: ColumnRows and Bf16PairRows round differently.
+
+// f32, f16 or bf16 rows in column order, a vector of N columns a load
+// (LoadF32: 16-bit elements widened in registers); q read as it is.
 template <class T>
+struct ColumnRows {
+  using Elem = T;
+  static constexpr size_t kVecs = 1;
+  // P V's prefetches of the next block issue every line their credit allows
+  // (SpreadLines<false>).
+  static constexpr bool kPvOneLine = false;
+
+  template <class D, class V>
+  static HWY_INLINE void Load(D d, const T* HWY_RESTRICT p, V& x0, V& /*unused*/) {
+    x0 = LoadF32(d, p);
+  }
+  template <class D, class V>
+  static HWY_INLINE void LoadTwo(D d, const T* HWY_RESTRICT p, V& x0, V& x1) {
+    x0 = LoadF32(d, p);
+    x1 = LoadF32(d, p + hn::Lanes(d));
+  }
+  // q's R rows for the scores (their stride in *ld): q itself.
+  static const float* Queries(const float* HWY_RESTRICT q_blk, size_t ldq, size_t /*L*/,
+                              float* HWY_RESTRICT /*qp*/, size_t* ld) {
+    *ld = ldq;
+    return q_blk;
+  }
+  // a[0, 2N) = c a + (x0, x1).
+  template <class D, class V>
+  static HWY_INLINE void AddTwo(D d, float* HWY_RESTRICT a, V c, V x0, V x1) {
+    const size_t N = hn::Lanes(d);
+    hn::StoreU(hn::MulAdd(hn::LoadU(d, a), c, x0), d, a);
+    hn::StoreU(hn::MulAdd(hn::LoadU(d, a + N), c, x1), d, a + N);
+  }
+};
+
+// bf16 rows with L a multiple of 2N (GroupsBf16Pairs), each 2N-element
+// block loaded as N u32 lanes (LoadBf16Pair): its even elements the low
+// halves shifted up, its odd ones the high halves masked, one integer op per
+// vector of K or V where widening a vector alone takes two (zero-extend,
+// shift).  q's rows are deinterleaved the same way once per call (into qp),
+// so that each score is the same dot product with its terms paired
+// differently; P V sums each row's output deinterleaved too (o_tmp) and
+// interleaves it back once per key tile, when it is added to acc.  Per key
+// pair and 2N columns the scores take 16 FMAs + 4 integer ops instead of
+// 16 + 8 (shift, widen), P V per key 8 FMAs + 2 instead of 8 + 4: the FMA
+// ports' other work.  Measured on the Sapphire Rapids VM (H=32 Hkv=8
+// Skv=256, K/V in L2, one thread, medians of 2000 calls, 6 runs alternated
+// with the column-order rows): L=128 52.9-58.0 vs 58.9-85.1 us, L=64
+// 39.1-39.9 vs 42.1-42.9 us.  Over a cache read from memory (Skv=32768)
+// the two are alike (paired runs: ratio 1.00, quartiles 0.96-1.08): that
+// step waits on memory, not on the ports.
+struct Bf16PairRows {
+  using Elem = hwy::bfloat16_t;
+  static constexpr size_t kVecs = 2;
+  // A pass of P V reads 2N bf16 of each row: where that is at most half a
+  // line (AVX2, SSE4, NEON) a row has no more lines (2L/64 + 1) than passes
+  // (L/2N), so the next block's lines are at most its calls and SpreadLines
+  // issues one at most a call (the form measured fastest on Zen 3).  Where a
+  // pass reads a whole line (AVX-512: L = 128 is 4 passes and 4-5 lines a
+  // row) it must issue more: with one at most, a fifth of each next block's
+  // lines (its last rows) went unprefetched, and on a Zen 4 VM (H=32 Hkv=8
+  // L=128 Skv=32768, one thread, 3 alternated rounds) bf16 K/V took
+  // 10.9-12.4 ms (min of 10) against 9.3-10.1 issuing them all (f16:
+  // 8.8-9.3).
+  static constexpr bool kPvOneLine = 2 * HWY_LANES(float) * sizeof(Elem) <= 32;
+
+  template <class D, class V>
+  static HWY_INLINE void Load(D d, const Elem* HWY_RESTRICT p, V& even, V& odd) {
+    LoadBf16Pair(d, p, even, odd);
+  }
+  template <class D, class V>
+  static HWY_INLINE void LoadTwo(D d, const Elem* HWY_RESTRICT p, V& even, V& odd) {
+    LoadBf16Pair(d, p, even, odd);
+  }
+  // qp[r * L + c + (0, N)] = row r's even, odd columns of [c, c + 2N).
+  static const float* Queries(const float* HWY_RESTRICT q_blk, size_t ldq, size_t L,
+                              float* HWY_RESTRICT qp, size_t* ld) {
+    const hn::ScalableTag<float> d;
+    const size_t N = hn::Lanes(d);
+    for (size_t r = 0; r < kGroupRows; ++r) {
+      for (size_t c = 0; c < L; c += 2 * N) {
+        hn::Vec<decltype(d)> even, odd;
+        hn::LoadInterleaved2(d, q_blk + r * ldq + c, even, odd);
+        hn::StoreU(even, d, qp + r * L + c);
+        hn::StoreU(odd, d, qp + r * L + c + N);
+      }
+    }
+    *ld = L;
+    return qp;
+  }
+  // a[0, 2N) = c a + the 2N sums whose even columns are in `even`, odd in `odd`.
+  template <class D, class V>
+  static HWY_INLINE void AddTwo(D d, float* HWY_RESTRICT a, V c, V even, V odd) {
+    const size_t N = hn::Lanes(d);
+    HWY_ALIGN float pair[2 * HWY_MAX_BYTES / sizeof(float)];
+    hn::StoreInterleaved2(even, odd, d, pair);
+    hn::StoreU(hn::MulAdd(hn::LoadU(d, a), c, hn::Load(d, pair)), d, a);
+    hn::StoreU(hn::MulAdd(hn::LoadU(d, a + N), c, hn::Load(d, pair + N)), d, a + N);
+  }
+};
+
+// Whether bf16 K and V are read as Bf16PairRows: L a multiple of 2N.
+inline bool GroupsBf16Pairs(size_t L) {
+  const size_t N = hn::Lanes(hn::ScalableTag<float>());
+  return HWY_TARGET != HWY_SCALAR && L % (2 * N) == 0;
+}
+
+// The grouped decode for the kGroupRows query rows at q_blk over keys
+// [key_begin, min(visible, key_end)) of K and V read as Rows reads them
+// (ColumnRows<T>, Bf16PairRows): acc, m, l, bad move on; s_keys holds a
+// tile's scores, o_tmp R rows of P V sums (and for Bf16PairRows q's R rows
+// after them).
+template <class Rows>
 HWY_NOINLINE void FlashAttentionGroupByDot(const AttnDims& a, const float* HWY_RESTRICT q_blk,
-                                           size_t ldq, const T* HWY_RESTRICT k_g, size_t ldk,
-                                           const T* HWY_RESTRICT v_g, size_t ldv,
-                                           size_t visible, size_t key_begin, size_t key_end,
-                                           float* HWY_RESTRICT acc, float* m, float* l,
-                                           float* bad, float* HWY_RESTRICT s_keys,
+                                           size_t ldq, const typename Rows::Elem* HWY_RESTRICT k_g,
+                                           size_t ldk, const typename Rows::Elem* HWY_RESTRICT v_g,
+                                           size_t ldv, size_t visible, size_t key_begin,
+                                           size_t key_end, float* HWY_RESTRICT acc, float* m,
+                                           float* l, float* bad, float* HWY_RESTRICT s_keys,
                                            float* HWY_RESTRICT o_tmp) {
+  using T = typename Rows::Elem;
   constexpr size_t R = kGroupRows;
+  constexpr size_t kU = Rows::kVecs;  // vectors a load of a row gives
   const hn::ScalableTag<float> d;
+  using V = hn::Vec<decltype(d)>;
   const size_t N = hn::Lanes(d);
   const size_t L = a.head_dim;
   const size_t end = visible < key_end ? visible : key_end;
   const float scale2 = Base2Scale(a);
   const size_t lv = L / N * N;  // columns in whole vectors; the rest lane by lane
+  size_t ldqr;                  // q's rows for the scores, in Rows' column order
+  const float* HWY_RESTRICT qr = Rows::Queries(q_blk, ldq, L, o_tmp + R * L, &ldqr);
   // P V's passes of two or three vectors of columns over a block of keys
   // (none: one pass over all the keys, or narrower ones only).  With them,
   // K/V from DRAM, P V prefetches each next block's V rows, spread over the
@@ -345,7 +473,7 @@ HWY_NOINLINE void FlashAttentionGroupByDot(const AttnDims& a, const float* HWY_R
   if (L != 4 * N)
 #endif
   {
-    for (size_t cc = 0; cc + 2 * N <= lv; cc += GroupPvVecs(cc, lv, N) * N) ++pv_passes;
+    for (size_t cc = 0; cc + 2 * N <= lv; cc += GroupPvVecs(cc, lv, N, kU) * N) ++pv_passes;
   }
   const size_t v_keys = pv_passes == 0 ? kDotKeyTile : kPvKeys;
   for (size_t j0 = key_begin; j0 < end; j0 += kDotKeyTile) {
@@ -367,20 +495,23 @@ HWY_NOINLINE void FlashAttentionGroupByDot(const AttnDims& a, const float* HWY_R
     // runs on Zen 5: Skv=2048 33.1 -> 29.7 us (buffers 16 bytes off 40.8 ->
     // 34.9), Skv=4096 68.7 -> 61.7 us (off 79.1 -> 68.4).
     if (L == 4 * N) {
-      const auto qv = [&](size_t r, size_t c) { return hn::LoadU(d, q_blk + r * ldq + c * N); };
-      const auto q00 = qv(0, 0), q01 = qv(0, 1), q02 = qv(0, 2), q03 = qv(0, 3);
-      const auto q10 = qv(1, 0), q11 = qv(1, 1), q12 = qv(1, 2), q13 = qv(1, 3);
-      const auto q20 = qv(2, 0), q21 = qv(2, 1), q22 = qv(2, 2), q23 = qv(2, 3);
-      const auto q30 = qv(3, 0), q31 = qv(3, 1), q32 = qv(3, 2), q33 = qv(3, 3);
+      const auto qv = [&](size_t r, size_t c) { return hn::LoadU(d, qr + r * ldqr + c * N); };
+      const V q00 = qv(0, 0), q01 = qv(0, 1), q02 = qv(0, 2), q03 = qv(0, 3);
+      const V q10 = qv(1, 0), q11 = qv(1, 1), q12 = qv(1, 2), q13 = qv(1, 3);
+      const V q20 = qv(2, 0), q21 = qv(2, 1), q22 = qv(2, 2), q23 = qv(2, 3);
+      const V q30 = qv(3, 0), q31 = qv(3, 1), q32 = qv(3, 2), q33 = qv(3, 3);
       for (; j + 2 <= nj; j += 2) {
         prefetch_keys(j, 2);
         const T* HWY_RESTRICT k0 = k_tile + j * ldk;
         const T* HWY_RESTRICT k1 = k0 + ldk;
-        auto a00 = hn::Zero(d), a01 = hn::Zero(d), a02 = hn::Zero(d), a03 = hn::Zero(d);
-        auto a10 = hn::Zero(d), a11 = hn::Zero(d), a12 = hn::Zero(d), a13 = hn::Zero(d);
-        const auto step = [&](size_t c, decltype(a00) r0, decltype(a00) r1, decltype(a00) r2,
-                              decltype(a00) r3) {
-          const auto x0 = LoadF32(d, k0 + c), x1 = LoadF32(d, k1 + c);
+        V a00 = hn::Zero(d), a01 = a00, a02 = a00, a03 = a00;
+        V a10 = a00, a11 = a00, a12 = a00, a13 = a00;
+        // The 2N columns from c: the rows' q vectors r0..r3 for the first
+        // vector of each key, s0..s3 for the second.
+        const auto two = [&](size_t c, V r0, V r1, V r2, V r3, V s0, V s1, V s2, V s3) {
+          V x0, y0, x1, y1;
+          Rows::LoadTwo(d, k0 + c, x0, y0);
+          Rows::LoadTwo(d, k1 + c, x1, y1);
           a00 = hn::MulAdd(r0, x0, a00);
           a01 = hn::MulAdd(r1, x0, a01);
           a02 = hn::MulAdd(r2, x0, a02);
@@ -389,11 +520,17 @@ HWY_NOINLINE void FlashAttentionGroupByDot(const AttnDims& a, const float* HWY_R
           a11 = hn::MulAdd(r1, x1, a11);
           a12 = hn::MulAdd(r2, x1, a12);
           a13 = hn::MulAdd(r3, x1, a13);
+          a00 = hn::MulAdd(s0, y0, a00);
+          a01 = hn::MulAdd(s1, y0, a01);
+          a02 = hn::MulAdd(s2, y0, a02);
+          a03 = hn::MulAdd(s3, y0, a03);
+          a10 = hn::MulAdd(s0, y1, a10);
+          a11 = hn::MulAdd(s1, y1, a11);
+          a12 = hn::MulAdd(s2, y1, a12);
+          a13 = hn::MulAdd(s3, y1, a13);
         };
-        step(0, q00, q10, q20, q30);
-        step(N, q01, q11, q21, q31);
-        step(2 * N, q02, q12, q22, q32);
-        step(3 * N, q03, q13, q23, q33);
+        two(0, q00, q10, q20, q30, q01, q11, q21, q31);
+        two(2 * N, q02, q12, q22, q32, q03, q13, q23, q33);
         HWY_ALIGN float s01[2 * R];
         StoreSumsOfLanes8(d, a00, a01, a02, a03, a10, a11, a12, a13, s01);
         ScaleEight(s01, scale2, s_keys + j * R);
@@ -409,18 +546,18 @@ HWY_NOINLINE void FlashAttentionGroupByDot(const AttnDims& a, const float* HWY_R
     // (bf16 K: the widening's temporaries do not fit beside 12 chains in 16
     // registers; GCC spilled two of them.)
     if constexpr (!std::is_same_v<T, hwy::bfloat16_t>) {
+      static_assert(kU == 1, "column-order rows");
       for (; lv == L && j + 3 <= nj; j += 3) {
         prefetch_keys(j, 3);
         const T* HWY_RESTRICT k0 = k_tile + j * ldk;
         const T* HWY_RESTRICT k1 = k0 + ldk;
         const T* HWY_RESTRICT k2 = k1 + ldk;
-        auto a00 = hn::Zero(d), a01 = a00, a02 = a00, a03 = a00, a10 = a00, a11 = a00;
-        auto a12 = a00, a13 = a00, a20 = a00, a21 = a00, a22 = a00, a23 = a00;
+        V a00 = hn::Zero(d), a01 = a00, a02 = a00, a03 = a00, a10 = a00, a11 = a00;
+        V a12 = a00, a13 = a00, a20 = a00, a21 = a00, a22 = a00, a23 = a00;
         for (size_t c = 0; c < L; c += N) {
-          const auto x0 = LoadF32(d, k0 + c), x1 = LoadF32(d, k1 + c), x2 = LoadF32(d, k2 + c);
-          const auto row = [&](size_t r, decltype(a00)& s0, decltype(a00)& s1,
-                               decltype(a00)& s2) {
-            auto q = hn::LoadU(d, q_blk + r * ldq + c);
+          const V x0 = LoadF32(d, k0 + c), x1 = LoadF32(d, k1 + c), x2 = LoadF32(d, k2 + c);
+          const auto row = [&](size_t r, V& s0, V& s1, V& s2) {
+            V q = hn::LoadU(d, qr + r * ldqr + c);
             KeepInRegister(q);
             s0 = hn::MulAdd(q, x0, s0);
             s1 = hn::MulAdd(q, x1, s1);
@@ -443,35 +580,42 @@ HWY_NOINLINE void FlashAttentionGroupByDot(const AttnDims& a, const float* HWY_R
       prefetch_keys(j, 2);
       const T* HWY_RESTRICT k0 = k_tile + j * ldk;
       const T* HWY_RESTRICT k1 = k0 + ldk;
-      auto a00 = hn::Zero(d), a01 = hn::Zero(d), a02 = hn::Zero(d), a03 = hn::Zero(d);
-      auto a10 = hn::Zero(d), a11 = hn::Zero(d), a12 = hn::Zero(d), a13 = hn::Zero(d);
-      for (size_t c = 0; c < lv; c += N) {
-        const auto x0 = LoadF32(d, k0 + c), x1 = LoadF32(d, k1 + c);
-        auto q0 = hn::LoadU(d, q_blk + c), q1 = hn::LoadU(d, q_blk + ldq + c);
-        auto q2 = hn::LoadU(d, q_blk + 2 * ldq + c), q3 = hn::LoadU(d, q_blk + 3 * ldq + c);
-        KeepInRegister(q0);
-        KeepInRegister(q1);
-        KeepInRegister(q2);
-        KeepInRegister(q3);
-        a00 = hn::MulAdd(q0, x0, a00);
-        a01 = hn::MulAdd(q1, x0, a01);
-        a02 = hn::MulAdd(q2, x0, a02);
-        a03 = hn::MulAdd(q3, x0, a03);
-        a10 = hn::MulAdd(q0, x1, a10);
-        a11 = hn::MulAdd(q1, x1, a11);
-        a12 = hn::MulAdd(q2, x1, a12);
-        a13 = hn::MulAdd(q3, x1, a13);
+      V a00 = hn::Zero(d), a01 = a00, a02 = a00, a03 = a00;
+      V a10 = a00, a11 = a00, a12 = a00, a13 = a00;
+      for (size_t c = 0; c < lv; c += kU * N) {
+        V x0, y0, x1, y1;  // keys j and j + 1: the kU vectors of each from c
+        Rows::Load(d, k0 + c, x0, y0);
+        Rows::Load(d, k1 + c, x1, y1);
+        const float* HWY_RESTRICT qc = qr + c;
+        const auto row = [&](size_t r, V& s0, V& s1) {
+          V q0 = hn::LoadU(d, qc + r * ldqr), q1 = q0;
+          if constexpr (kU == 2) q1 = hn::LoadU(d, qc + r * ldqr + N);
+          KeepInRegister(q0);
+          if constexpr (kU == 2) KeepInRegister(q1);
+          s0 = hn::MulAdd(q0, x0, s0);
+          s1 = hn::MulAdd(q0, x1, s1);
+          if constexpr (kU == 2) {
+            s0 = hn::MulAdd(q1, y0, s0);
+            s1 = hn::MulAdd(q1, y1, s1);
+          }
+        };
+        row(0, a00, a10);
+        row(1, a01, a11);
+        row(2, a02, a12);
+        row(3, a03, a13);
       }
       HWY_ALIGN float s01[2 * R];
       StoreSumsOfLanes8(d, a00, a01, a02, a03, a10, a11, a12, a13, s01);
-      float* s0 = s01;
-      float* s1 = s01 + R;
-      const hn::CappedTag<float, 1> d1;
-      for (size_t c = lv; c < L; ++c) {
-        const float x0 = hn::GetLane(LoadF32(d1, k0 + c)), x1 = hn::GetLane(LoadF32(d1, k1 + c));
-        for (size_t r = 0; r < R; ++r) {
-          s0[r] += q_blk[r * ldq + c] * x0;
-          s1[r] += q_blk[r * ldq + c] * x1;
+      if constexpr (kU == 1) {  // the columns past whole vectors (Bf16PairRows: none)
+        float* s0 = s01;
+        float* s1 = s01 + R;
+        const hn::CappedTag<float, 1> d1;
+        for (size_t c = lv; c < L; ++c) {
+          const float x0 = hn::GetLane(LoadF32(d1, k0 + c)), x1 = hn::GetLane(LoadF32(d1, k1 + c));
+          for (size_t r = 0; r < R; ++r) {
+            s0[r] += qr[r * ldqr + c] * x0;
+            s1[r] += qr[r * ldqr + c] * x1;
+          }
         }
       }
       // Keys j and j + 1, each its R rows: the reduction's own order.
@@ -487,7 +631,8 @@ HWY_NOINLINE void FlashAttentionGroupByDot(const AttnDims& a, const float* HWY_R
     float corr[R];
     bool use[R];
     if (!GroupTileSoftmax<R>(s_keys, nj, m, l, bad, corr, use)) continue;
-    // acc[r] = corr[r] acc[r] + sum_j P[r][j] V[j].
+    // acc[r] = corr[r] acc[r] + sum_j P[r][j] V[j], the sums in Rows' column
+    // order until they are added into acc (AddTwo).
     // From DRAM, P V in one pass over the keys (L = 64 on AVX-512) or
     // narrower than two vectors: each V row kPvPrefetchKeys keys ahead, again
     // (the scores loop's prefetches of V, up to a tile of keys earlier, did
@@ -507,7 +652,6 @@ HWY_NOINLINE void FlashAttentionGroupByDot(const AttnDims& a, const float* HWY_R
     // runs on Zen 5: Skv=4096 62.4 -> 57.9 us (buffers 16 bytes off 67.9 ->
     // 60.6), Skv=2048 16 bytes off 44.9 -> 39.0 us.
     if (L == 4 * N) {
-      using V = decltype(hn::Zero(d));
       V o00 = hn::Zero(d), o01 = o00, o02 = o00, o03 = o00, o10 = o00, o11 = o00, o12 = o00;
       V o13 = o00, o20 = o00, o21 = o00, o22 = o00, o23 = o00, o30 = o00, o31 = o00;
       V o32 = o00, o33 = o00;
@@ -515,10 +659,11 @@ HWY_NOINLINE void FlashAttentionGroupByDot(const AttnDims& a, const float* HWY_R
       const float* HWY_RESTRICT p_j = s_keys;
       for (size_t jj = 0; jj < nj; ++jj, v_j += ldv, p_j += R) {
         prefetch_v(jj);
-        const auto x0 = LoadF32(d, v_j), x1 = LoadF32(d, v_j + N);
-        const auto x2 = LoadF32(d, v_j + 2 * N), x3 = LoadF32(d, v_j + 3 * N);
+        V x0, x1, x2, x3;
+        Rows::LoadTwo(d, v_j, x0, x1);
+        Rows::LoadTwo(d, v_j + 2 * N, x2, x3);
         const auto add = [&](float w, V& y0, V& y1, V& y2, V& y3) {
-          const auto p = hn::Set(d, w);
+          const V p = hn::Set(d, w);
           y0 = hn::MulAdd(p, x0, y0);
           y1 = hn::MulAdd(p, x1, y1);
           y2 = hn::MulAdd(p, x2, y2);
@@ -532,11 +677,9 @@ HWY_NOINLINE void FlashAttentionGroupByDot(const AttnDims& a, const float* HWY_R
       const auto put = [&](size_t r, V y0, V y1, V y2, V y3) {
         if (!use[r]) return;
         float* HWY_RESTRICT a_r = acc + r * L;
-        const auto cr = hn::Set(d, corr[r]);
-        hn::StoreU(hn::MulAdd(hn::LoadU(d, a_r), cr, y0), d, a_r);
-        hn::StoreU(hn::MulAdd(hn::LoadU(d, a_r + N), cr, y1), d, a_r + N);
-        hn::StoreU(hn::MulAdd(hn::LoadU(d, a_r + 2 * N), cr, y2), d, a_r + 2 * N);
-        hn::StoreU(hn::MulAdd(hn::LoadU(d, a_r + 3 * N), cr, y3), d, a_r + 3 * N);
+        const V cr = hn::Set(d, corr[r]);
+        Rows::AddTwo(d, a_r, cr, y0, y1);
+        Rows::AddTwo(d, a_r + 2 * N, cr, y2, y3);
       };
       put(0, o00, o01, o02, o03);
       put(1, o10, o11, o12, o13);
@@ -558,7 +701,9 @@ HWY_NOINLINE void FlashAttentionGroupByDot(const AttnDims& a, const float* HWY_R
       // thread 39.8-41.3 -> 34.7-38.3 ms, two threads 17.2-22.6 -> 15.9-17.8
       // ms, f16 38.3-44.6 -> 35.1-37.0 ms, f32 47.9-56.6 -> 46.9-52.2 ms;
       // K/V in L2 (Skv=512) 223-234 -> 234-242 us (the o_tmp round trips).
-      const auto block = [&](auto dc, size_t cc, size_t jb, size_t nb) {  // one vector or lane
+      // One vector or lane of columns in column order: the columns past
+      // whole pairs of vectors (ColumnRows only; Bf16PairRows has none).
+      const auto block = [&](auto dc, size_t cc, size_t jb, size_t nb) {
         const bool first = jb == 0;
         const auto load = [&](size_t r) {
           return first ? hn::Zero(dc) : hn::LoadU(dc, o_tmp + r * L + cc);
@@ -583,304 +728,75 @@ HWY_NOINLINE void FlashAttentionGroupByDot(const AttnDims& a, const float* HWY_R
       for (size_t jb = 0; jb < nj; jb += kPvKeys) {
         const size_t nb = nj - jb < kPvKeys ? nj - jb : kPvKeys;
         const bool first = jb == 0;
-        using V = hn::Vec<decltype(d)>;
         size_t lines;  // from DRAM: the next block's V rows, spread over the block's calls
         auto next_v = NextPvBlock(a, v_tile, ldv, jb, nj, pv_passes, &lines);
         size_t credit = 0;
         const size_t calls = pv_passes * nb;
-        const auto prefetch = [&](size_t) { SpreadLines<false>(next_v, credit, lines, calls); };
+        const auto prefetch = [&](size_t) {
+          SpreadLines<Rows::kPvOneLine>(next_v, credit, lines, calls);
+        };
         size_t cc = c;
         while (cc + 2 * N <= lv) {  // each column's chain is the same in any pass width
 #if HWY_ARCH_X86 && HWY_TARGET == HWY_AVX2
-          if (GroupPvVecs(cc, lv, N) == 3) {
-            GroupPvBlock<3>(
-                [&](const T* HWY_RESTRICT v, V& x0, V& x1, V& x2) {
-                  x0 = LoadF32(d, v);
-                  x1 = LoadF32(d, v + N);
-                  x2 = LoadF32(d, v + 2 * N);
-                },
-                v_tile, ldv, s_keys, jb, nb, cc, L, first, lines != 0, prefetch, o_tmp);
-            cc += 3 * N;
-            continue;
+          if constexpr (kU == 1) {
+            if (GroupPvVecs(cc, lv, N, kU) == 3) {
+              GroupPvBlock<3>(
+                  [&](const T* HWY_RESTRICT v, V& x0, V& x1, V& x2) {
+                    x0 = LoadF32(d, v);
+                    x1 = LoadF32(d, v + N);
+                    x2 = LoadF32(d, v + 2 * N);
+                  },
+                  v_tile, ldv, s_keys, jb, nb, cc, L, first, lines != 0, prefetch, o_tmp);
+              cc += 3 * N;
+              continue;
+            }
           }
 #endif
           GroupPvBlock<2>(
-              [&](const T* HWY_RESTRICT v, V& x0, V& x1, V&) {
-                x0 = LoadF32(d, v);
-                x1 = LoadF32(d, v + N);
-              },
+              [&](const T* HWY_RESTRICT v, V& x0, V& x1, V&) { Rows::LoadTwo(d, v, x0, x1); },
               v_tile, ldv, s_keys, jb, nb, cc, L, first, lines != 0, prefetch, o_tmp);
           cc += 2 * N;
         }
-        for (; cc + N <= lv; cc += N) block(d, cc, jb, nb);
-        for (; cc < L; ++cc) block(d1, cc, jb, nb);
+        if constexpr (kU == 1) {
+          for (; cc + N <= lv; cc += N) block(d, cc, jb, nb);
+          for (; cc < L; ++cc) block(d1, cc, jb, nb);
+        }
       }
-      for (size_t r = 0; r < R; ++r) {  // acc = corr acc + P V
+      for (size_t r = 0; r < R; ++r) {  // acc = corr acc + P V, in column order
         if (!use[r]) continue;
         float* HWY_RESTRICT a_r = acc + r * L;
         const float* HWY_RESTRICT o_r = o_tmp + r * L;
+        const V cr = hn::Set(d, corr[r]);
         size_t cc = c;
-        for (; cc + N <= lv; cc += N) {
-          hn::StoreU(hn::MulAdd(hn::LoadU(d, a_r + cc), hn::Set(d, corr[r]), hn::LoadU(d, o_r + cc)),
-                     d, a_r + cc);
+        for (; cc + 2 * N <= lv; cc += 2 * N) {
+          Rows::AddTwo(d, a_r + cc, cr, hn::LoadU(d, o_r + cc), hn::LoadU(d, o_r + cc + N));
         }
-        for (; cc < L; ++cc) {
-          hn::StoreU(hn::MulAdd(hn::LoadU(d1, a_r + cc), hn::Set(d1, corr[r]),
-                                hn::LoadU(d1, o_r + cc)),
-                     d1, a_r + cc);
+        if constexpr (kU == 1) {  // the columns past whole pairs of vectors
+          for (; cc + N <= lv; cc += N) {
+            hn::StoreU(hn::MulAdd(hn::LoadU(d, a_r + cc), cr, hn::LoadU(d, o_r + cc)), d,
+                       a_r + cc);
+          }
+          for (; cc < L; ++cc) {
+            hn::StoreU(hn::MulAdd(hn::LoadU(d1, a_r + cc), hn::Set(d1, corr[r]),
+                                  hn::LoadU(d1, o_r + cc)),
+                       d1, a_r + cc);
+          }
         }
       }
     }
   }
 }
 
-// The grouped decode (FlashAttentionGroupByDot) for bf16 K and V with L a
-// multiple of 2N: each 2N-element block of a K or V row is loaded as N u32
-// lanes (LoadBf16Pair), its even elements the low halves shifted up, its odd
-// ones the high halves masked: one integer op per vector of K or V where
-// widening a vector alone takes two (zero-extend, shift).  The group's q
-// rows are deinterleaved the same way once per call (qp), so that each
-// score is the same dot product with its terms paired differently; P V sums
-// each row's output deinterleaved too (o_tmp) and interleaves it back once
-// per key tile, when it is added to acc.  Per key pair and 2N columns the
-// scores take 16 FMAs + 4 integer ops instead of 16 + 8 (shift, widen), P V
-// per key 8 FMAs + 2 instead of 8 + 4: the FMA ports' other work.  Measured
-// on the Sapphire Rapids VM (H=32 Hkv=8 Skv=256, K/V in L2, one thread,
-// medians of 2000 calls, 6 runs alternated with FlashAttentionGroupByDot):
-// L=128 52.9-58.0 vs 58.9-85.1 us, L=64 39.1-39.9 vs 42.1-42.9 us.  Over a
-// cache read from memory (Skv=32768) the two are alike (paired runs: ratio
-// 1.00, quartiles 0.96-1.08): that step waits on memory, not on the ports.
-inline bool GroupsBf16Pairs(size_t L) {
-  const size_t N = hn::Lanes(hn::ScalableTag<float>());
-  return HWY_TARGET != HWY_SCALAR && L % (2 * N) == 0;
-}
-
-HWY_NOINLINE void FlashAttentionGroupByDotBf16Pairs(
-    const AttnDims& a, const float* HWY_RESTRICT q_blk, size_t ldq,
-    const hwy::bfloat16_t* HWY_RESTRICT k_g, size_t ldk, const hwy::bfloat16_t* HWY_RESTRICT v_g,
-    size_t ldv, size_t visible, size_t key_begin, size_t key_end, float* HWY_RESTRICT acc,
-    float* m, float* l, float* bad, float* HWY_RESTRICT s_keys, float* HWY_RESTRICT o_tmp) {
-  using T = hwy::bfloat16_t;
-  constexpr size_t R = kGroupRows;
-  const hn::ScalableTag<float> d;
-  using V = hn::Vec<decltype(d)>;
-  const size_t N = hn::Lanes(d), N2 = 2 * N;
-  const size_t L = a.head_dim;
-  const size_t end = visible < key_end ? visible : key_end;
-  const float scale2 = Base2Scale(a);
-  // o_tmp holds R rows of P V sums, then the R deinterleaved q rows.
-  float* HWY_RESTRICT qp = o_tmp + R * L;
-  for (size_t r = 0; r < R; ++r) {
-    for (size_t c = 0; c < L; c += N2) {
-      V even, odd;
-      hn::LoadInterleaved2(d, q_blk + r * ldq + c, even, odd);
-      hn::StoreU(even, d, qp + r * L + c);
-      hn::StoreU(odd, d, qp + r * L + c + N);
-    }
-  }
-  HWY_ALIGN float pair[2 * HWY_MAX_BYTES / sizeof(float)];
-  // P V's passes over a block of keys, and the V rows the scores loop
-  // prefetches, as in FlashAttentionGroupByDot.  A pass reads 2N bf16 of
-  // each row: where that is at most half a line (AVX2, SSE4, NEON) a row
-  // has no more lines (2L/64 + 1) than passes (L/2N), so the next block's
-  // lines are at most its calls and SpreadLines issues one at most a call
-  // (the form measured fastest on Zen 3).  Where a pass reads a whole line
-  // (AVX-512: L = 128 is 4 passes and 4-5 lines a row) it must issue more:
-  // with one at most, a fifth of each next block's lines (its last rows)
-  // went unprefetched, and on a Zen 4 VM (H=32 Hkv=8 L=128 Skv=32768, one
-  // thread, 3 alternated rounds) bf16 K/V took 10.9-12.4 ms (min of 10)
-  // against 9.3-10.1 issuing them all (f16: 8.8-9.3).
-  constexpr bool kPvOneLine = 2 * HWY_LANES(float) * sizeof(T) <= 32;
-  size_t pv_passes = L / N2;
-#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
-  if (L == 2 * N2) pv_passes = 0;  // one pass over all the keys
-#endif
-  const size_t v_keys = pv_passes == 0 ? kDotKeyTile : kPvKeys;
-  for (size_t j0 = key_begin; j0 < end; j0 += kDotKeyTile) {
-    const size_t nj = end - j0 < kDotKeyTile ? end - j0 : kDotKeyTile;
-    const T* HWY_RESTRICT k_tile = k_g + j0 * ldk;
-    const T* HWY_RESTRICT v_tile = v_g + j0 * ldv;
-    // From DRAM: the K rows kPrefetchKeys ahead of a key pair, and its V rows
-    // below v_keys.
-    const auto prefetch_pair = [&](size_t j) {
-      if (a.prefetch_kv) PrefetchGroupKeys(k_tile, ldk, v_tile, ldv, j, 2, end - j0, L, v_keys);
-    };
-    size_t j = 0;
-#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
-    // L = 64 on AVX-512: the rows' 16 deinterleaved q vectors stay in
-    // registers, as in FlashAttentionGroupByDot.
-    if (L == 2 * N2) {
-      const auto qv = [&](size_t r, size_t c) { return hn::LoadU(d, qp + r * L + c * N); };
-      const V q00 = qv(0, 0), q01 = qv(0, 1), q02 = qv(0, 2), q03 = qv(0, 3);
-      const V q10 = qv(1, 0), q11 = qv(1, 1), q12 = qv(1, 2), q13 = qv(1, 3);
-      const V q20 = qv(2, 0), q21 = qv(2, 1), q22 = qv(2, 2), q23 = qv(2, 3);
-      const V q30 = qv(3, 0), q31 = qv(3, 1), q32 = qv(3, 2), q33 = qv(3, 3);
-      for (; j + 2 <= nj; j += 2) {
-        prefetch_pair(j);
-        const T* HWY_RESTRICT k0 = k_tile + j * ldk;
-        const T* HWY_RESTRICT k1 = k0 + ldk;
-        V a00 = hn::Zero(d), a01 = a00, a02 = a00, a03 = a00;
-        V a10 = a00, a11 = a00, a12 = a00, a13 = a00;
-        // One block of 2N columns: q's even and odd vectors of each row.
-        const auto block = [&](size_t c, V e0r, V o0r, V e1r, V o1r, V e2r, V o2r, V e3r,
-                               V o3r) {
-          V e0, o0, e1, o1;
-          LoadBf16Pair(d, k0 + c, e0, o0);
-          LoadBf16Pair(d, k1 + c, e1, o1);
-          a00 = hn::MulAdd(e0r, e0, a00);
-          a10 = hn::MulAdd(e0r, e1, a10);
-          a01 = hn::MulAdd(e1r, e0, a01);
-          a11 = hn::MulAdd(e1r, e1, a11);
-          a02 = hn::MulAdd(e2r, e0, a02);
-          a12 = hn::MulAdd(e2r, e1, a12);
-          a03 = hn::MulAdd(e3r, e0, a03);
-          a13 = hn::MulAdd(e3r, e1, a13);
-          a00 = hn::MulAdd(o0r, o0, a00);
-          a10 = hn::MulAdd(o0r, o1, a10);
-          a01 = hn::MulAdd(o1r, o0, a01);
-          a11 = hn::MulAdd(o1r, o1, a11);
-          a02 = hn::MulAdd(o2r, o0, a02);
-          a12 = hn::MulAdd(o2r, o1, a12);
-          a03 = hn::MulAdd(o3r, o0, a03);
-          a13 = hn::MulAdd(o3r, o1, a13);
-        };
-        block(0, q00, q01, q10, q11, q20, q21, q30, q31);
-        block(N2, q02, q03, q12, q13, q22, q23, q32, q33);
-        HWY_ALIGN float s01[2 * R];
-        StoreSumsOfLanes8(d, a00, a01, a02, a03, a10, a11, a12, a13, s01);
-        ScaleEight(s01, scale2, s_keys + j * R);
-      }
-    }
-#endif
-    for (; j + 2 <= nj; j += 2) {
-      prefetch_pair(j);
-      const T* HWY_RESTRICT k0 = k_tile + j * ldk;
-      const T* HWY_RESTRICT k1 = k0 + ldk;
-      V a00 = hn::Zero(d), a01 = a00, a02 = a00, a03 = a00;
-      V a10 = a00, a11 = a00, a12 = a00, a13 = a00;
-      for (size_t c = 0; c < L; c += N2) {
-        V e0, o0, e1, o1;
-        LoadBf16Pair(d, k0 + c, e0, o0);
-        LoadBf16Pair(d, k1 + c, e1, o1);
-        const float* HWY_RESTRICT qc = qp + c;
-        const auto row = [&](size_t r, V& s0, V& s1) {
-          auto qe = hn::LoadU(d, qc + r * L), qo = hn::LoadU(d, qc + r * L + N);
-          KeepInRegister(qe);
-          KeepInRegister(qo);
-          s0 = hn::MulAdd(qe, e0, s0);
-          s1 = hn::MulAdd(qe, e1, s1);
-          s0 = hn::MulAdd(qo, o0, s0);
-          s1 = hn::MulAdd(qo, o1, s1);
-        };
-        row(0, a00, a10);
-        row(1, a01, a11);
-        row(2, a02, a12);
-        row(3, a03, a13);
-      }
-      HWY_ALIGN float s01[2 * R];
-      StoreSumsOfLanes8(d, a00, a01, a02, a03, a10, a11, a12, a13, s01);
-      ScaleEight(s01, scale2, s_keys + j * R);
-    }
-    for (; j < nj; ++j) {
-      PrefetchKvRow(v_tile + j * ldv, L * sizeof(T));
-      for (size_t r = 0; r < R; ++r) {
-        s_keys[j * R + r] = scale2 * Dot(q_blk + r * ldq, k_tile + j * ldk, L);
-      }
-    }
-    float corr[R];
-    bool use[R];
-    if (!GroupTileSoftmax<R>(s_keys, nj, m, l, bad, corr, use)) continue;
-    // o_tmp[r] = sum_j P[r][j] V[j], deinterleaved per 2N columns: in blocks
-    // of kPvKeys keys (their V rows stay in L1), each block of 2N columns'
-    // sums carried from one key block to the next through o_tmp.
-    const auto prefetch_v = [&](size_t jj) {
-      if (a.prefetch_kv && jj + kPvPrefetchKeys < nj) {
-        PrefetchKvRow(v_tile + (jj + kPvPrefetchKeys) * ldv, L * sizeof(T));
-      }
-    };
-#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
-    // L = 64 on AVX-512: all columns in one pass over the keys (16
-    // accumulators), as in FlashAttentionGroupByDot.
-    if (L == 2 * N2) {
-      V o00 = hn::Zero(d), o01 = o00, o02 = o00, o03 = o00, o10 = o00, o11 = o00, o12 = o00;
-      V o13 = o00, o20 = o00, o21 = o00, o22 = o00, o23 = o00, o30 = o00, o31 = o00;
-      V o32 = o00, o33 = o00;
-      const T* HWY_RESTRICT v_j = v_tile;
-      const float* HWY_RESTRICT p_j = s_keys;
-      for (size_t jj = 0; jj < nj; ++jj, v_j += ldv, p_j += R) {
-        prefetch_v(jj);
-        V x0, x1, x2, x3;
-        LoadBf16Pair(d, v_j, x0, x1);
-        LoadBf16Pair(d, v_j + N2, x2, x3);
-        const auto add = [&](float w, V& y0, V& y1, V& y2, V& y3) {
-          const auto p = hn::Set(d, w);
-          y0 = hn::MulAdd(p, x0, y0);
-          y1 = hn::MulAdd(p, x1, y1);
-          y2 = hn::MulAdd(p, x2, y2);
-          y3 = hn::MulAdd(p, x3, y3);
-        };
-        add(p_j[0], o00, o01, o02, o03);
-        add(p_j[1], o10, o11, o12, o13);
-        add(p_j[2], o20, o21, o22, o23);
-        add(p_j[3], o30, o31, o32, o33);
-      }
-      const auto put = [&](size_t r, V e0, V od0, V e1, V od1) {
-        if (!use[r]) return;
-        float* HWY_RESTRICT a_r = acc + r * L;
-        const auto cr = hn::Set(d, corr[r]);
-        hn::StoreInterleaved2(e0, od0, d, pair);
-        hn::StoreU(hn::MulAdd(hn::LoadU(d, a_r), cr, hn::Load(d, pair)), d, a_r);
-        hn::StoreU(hn::MulAdd(hn::LoadU(d, a_r + N), cr, hn::Load(d, pair + N)), d, a_r + N);
-        hn::StoreInterleaved2(e1, od1, d, pair);
-        hn::StoreU(hn::MulAdd(hn::LoadU(d, a_r + N2), cr, hn::Load(d, pair)), d, a_r + N2);
-        hn::StoreU(hn::MulAdd(hn::LoadU(d, a_r + N2 + N), cr, hn::Load(d, pair + N)), d,
-                   a_r + N2 + N);
-      };
-      put(0, o00, o01, o02, o03);
-      put(1, o10, o11, o12, o13);
-      put(2, o20, o21, o22, o23);
-      put(3, o30, o31, o32, o33);
-      continue;
-    }
-#endif
-    for (size_t jb = 0; jb < nj; jb += kPvKeys) {
-      const size_t nb = nj - jb < kPvKeys ? nj - jb : kPvKeys;
-      const bool first = jb == 0;
-      size_t lines;  // from DRAM: the next block's V rows, spread over the block's calls
-      auto next_v = NextPvBlock(a, v_tile, ldv, jb, nj, pv_passes, &lines);
-      size_t credit = 0;
-      const size_t calls = pv_passes * nb;
-      const auto prefetch = [&](size_t) { SpreadLines<kPvOneLine>(next_v, credit, lines, calls); };
-      for (size_t cc = 0; cc < L; cc += N2) {
-        GroupPvBlock<2>(
-            [&](const T* HWY_RESTRICT v, V& x0, V& x1, V&) { LoadBf16Pair(d, v, x0, x1); },
-            v_tile, ldv, s_keys, jb, nb, cc, L, first, lines != 0, prefetch, o_tmp);
-      }
-    }
-    for (size_t r = 0; r < R; ++r) {  // acc = corr acc + P V, back in column order
-      if (!use[r]) continue;
-      float* HWY_RESTRICT a_r = acc + r * L;
-      const float* HWY_RESTRICT o_r = o_tmp + r * L;
-      const auto cr = hn::Set(d, corr[r]);
-      for (size_t cc = 0; cc < L; cc += N2) {
-        hn::StoreInterleaved2(hn::LoadU(d, o_r + cc), hn::LoadU(d, o_r + cc + N), d, pair);
-        hn::StoreU(hn::MulAdd(hn::LoadU(d, a_r + cc), cr, hn::Load(d, pair)), d, a_r + cc);
-        hn::StoreU(hn::MulAdd(hn::LoadU(d, a_r + cc + N), cr, hn::Load(d, pair + N)), d,
-                   a_r + cc + N);
-      }
-    }
-  }
-}
-
-// FlashAttentionGroupByDot for K and V of their views' dtypes (a mixed pair
-// widened tile by tile, as RowByDot does).
+// FlashAttentionGroupByDot for K and V of their views' dtypes: bf16 pairs
+// (Bf16PairRows) where both are bf16 and L allows, else column order in the
+// shared dtype (a mixed pair widened tile by tile, as RowByDot does).
 inline void GroupByDot(const AttnDims& a, const float* HWY_RESTRICT q_blk, size_t ldq,
                        const KvRows& k_g, const KvRows& v_g, size_t visible, size_t key_begin,
                        size_t key_end, float* HWY_RESTRICT acc, float* m, float* l, float* bad,
                        float* HWY_RESTRICT s_rows, float* HWY_RESTRICT o_tmp) {
   if (k_g.dtype == v_g.dtype) {
     if (k_g.dtype == DType::kBF16 && GroupsBf16Pairs(a.head_dim)) {
-      FlashAttentionGroupByDotBf16Pairs(
+      FlashAttentionGroupByDot<Bf16PairRows>(
           a, q_blk, ldq, reinterpret_cast<const hwy::bfloat16_t*>(k_g.base), k_g.stride,
           reinterpret_cast<const hwy::bfloat16_t*>(v_g.base), v_g.stride, visible, key_begin,
           key_end, acc, m, l, bad, s_rows, o_tmp);
@@ -889,8 +805,9 @@ inline void GroupByDot(const AttnDims& a, const float* HWY_RESTRICT q_blk, size_
     WithElementType(k_g.dtype, k_g.base, [&](const auto* k) {
       using T = std::remove_cv_t<std::remove_pointer_t<decltype(k)>>;
       const T* v = reinterpret_cast<const T*>(v_g.base);
-      FlashAttentionGroupByDot(a, q_blk, ldq, k, k_g.stride, v, v_g.stride, visible, key_begin,
-                               key_end, acc, m, l, bad, s_rows, o_tmp);
+      FlashAttentionGroupByDot<ColumnRows<T>>(a, q_blk, ldq, k, k_g.stride, v, v_g.stride,
+                                              visible, key_begin, key_end, acc, m, l, bad,
+                                              s_rows, o_tmp);
     });
     return;
   }
@@ -900,8 +817,8 @@ inline void GroupByDot(const AttnDims& a, const float* HWY_RESTRICT q_blk, size_
     size_t ldk, ldv;
     const float* HWY_RESTRICT k_tile = k_g.Tile(j0, nj, L, &ldk);
     const float* HWY_RESTRICT v_tile = v_g.Tile(j0, nj, L, &ldv);
-    FlashAttentionGroupByDot(a, q_blk, ldq, k_tile, ldk, v_tile, ldv, nj, 0, nj, acc, m, l, bad,
-                             s_rows, o_tmp);
+    FlashAttentionGroupByDot<ColumnRows<float>>(a, q_blk, ldq, k_tile, ldk, v_tile, ldv, nj, 0,
+                                                nj, acc, m, l, bad, s_rows, o_tmp);
   }
 }
 
