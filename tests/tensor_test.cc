@@ -355,6 +355,13 @@ std::vector<float> RoundedTo(const std::vector<float>& x, headsum_dtype t) {
   return r;
 }
 
+// A case's shape and element counts.
+headsum_attn_shape ShapeOf(const AttnCase& c) {
+  return {c.b, c.h, c.hkv, c.sq, c.skv, c.l, 0.0f, c.causal ? 1 : 0};
+}
+size_t QueryElements(const AttnCase& c) { return size_t(c.b * c.h * c.sq * c.l); }
+size_t KvElements(const AttnCase& c) { return size_t(c.b * c.hkv * c.skv * c.l); }
+
 // The bound of an attention on views of dtypes t: the f32 bound (plus P's
 // rounding to bf16 where a native bf16 path computes it), then a 16-bit
 // output's one rounding.
@@ -385,12 +392,11 @@ TEST_P(TensorAttention, EveryDtypeAndLayoutMatchesReference) {
   size_t case_index = 0;
   for (const AttnCase& c : kAttnCases) {
     if (small && case_index++ == 5) continue;
-    headsum_attn_shape shape = {c.b, c.h, c.hkv, c.sq, c.skv, c.l, 0.0f, c.causal ? 1 : 0};
+    headsum_attn_shape shape = ShapeOf(c);
     const RefAttnDims d(shape);
-    const size_t nq = size_t(c.b * c.h * c.sq * c.l), nkv = size_t(c.b * c.hkv * c.skv * c.l);
-    const std::vector<float> q0 = RandomUniform(nq, -1.5f, 1.5f, ++seed);
-    const std::vector<float> k0 = RandomUniform(nkv, -1.5f, 1.5f, ++seed);
-    const std::vector<float> v0 = RandomUniform(nkv, -1.0f, 1.0f, ++seed);
+    const std::vector<float> q0 = RandomUniform(QueryElements(c), -1.5f, 1.5f, ++seed);
+    const std::vector<float> k0 = RandomUniform(KvElements(c), -1.5f, 1.5f, ++seed);
+    const std::vector<float> v0 = RandomUniform(KvElements(c), -1.0f, 1.0f, ++seed);
     size_t combo_index = 0;
     for (const DtypeCombo& t : kCombos) {
       if (small && combo_index++ % 2 == 1) continue;
@@ -655,12 +661,11 @@ TEST_P(TensorAttention, EveryPathOfTheTableMatchesReference) {
   for (size_t case_index = 0; case_index < cases.size(); ++case_index) {
     if (small && case_index % 3 != 0) continue;
     const AttnCase& c = cases[case_index];
-    headsum_attn_shape shape = {c.b, c.h, c.hkv, c.sq, c.skv, c.l, 0.0f, c.causal ? 1 : 0};
+    headsum_attn_shape shape = ShapeOf(c);
     const RefAttnDims d(shape);
-    const size_t nq = size_t(c.b * c.h * c.sq * c.l), nkv = size_t(c.b * c.hkv * c.skv * c.l);
-    const std::vector<float> q0 = RandomUniform(nq, -1.5f, 1.5f, ++seed);
-    const std::vector<float> k0 = RandomUniform(nkv, -1.5f, 1.5f, ++seed);
-    const std::vector<float> v0 = RandomUniform(nkv, -1.0f, 1.0f, ++seed);
+    const std::vector<float> q0 = RandomUniform(QueryElements(c), -1.5f, 1.5f, ++seed);
+    const std::vector<float> k0 = RandomUniform(KvElements(c), -1.5f, 1.5f, ++seed);
+    const std::vector<float> v0 = RandomUniform(KvElements(c), -1.0f, 1.0f, ++seed);
     for (const DtypeCombo& t : combos) {
       const std::vector<float> q = RoundedTo(q0, t.q), k = RoundedTo(k0, t.kv),
                                v = RoundedTo(v0, t.v);

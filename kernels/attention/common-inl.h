@@ -106,15 +106,15 @@ inline size_t KvTileFloats(const TensorView& t, size_t rows, size_t L) {
 // dtype (RowByDot), else a key tile of the block paths (the dot paths read
 // 16-bit rows of one dtype in place).  Whatever the shape: the path table
 // may run any path on any block (the tests force each one).
-inline size_t WidenedKvRows(const AttnDims& /*a*/, const AttnViews& v) {
+inline size_t WidenedKvRows(const AttnViews& v) {
   return v.k.dtype != v.v.dtype ? kDotKeyTile : kKeyTile;
 }
 
 inline size_t AttentionScratch(const AttnDims& a, const AttnViews& v) {
   const size_t ldw = QueryColumns(kQueryBlock), L = a.head_dim;
   return ldw * L + kKeyTile * ldw + kQueryBlock * L + 4 * ldw + kDotKeyTile + L * kKeyTile +
-         kQueryBlock * L + KvTileFloats(v.k, WidenedKvRows(a, v), L) +
-         KvTileFloats(v.v, WidenedKvRows(a, v), L);
+         kQueryBlock * L + KvTileFloats(v.k, WidenedKvRows(v), L) +
+         KvTileFloats(v.v, WidenedKvRows(v), L);
 }
 
 inline FlashScratch CarveFlashScratch(const AttnDims& a, const AttnViews& v, float* scratch) {
@@ -131,7 +131,7 @@ inline FlashScratch CarveFlashScratch(const AttnDims& a, const AttnViews& v, flo
   f.k_t = f.s_row + kDotKeyTile;
   f.q_rows = f.k_t + a.head_dim * kKeyTile;
   f.k_rows = f.q_rows + kQueryBlock * a.head_dim;
-  f.v_rows = f.k_rows + KvTileFloats(v.k, WidenedKvRows(a, v), a.head_dim);
+  f.v_rows = f.k_rows + KvTileFloats(v.k, WidenedKvRows(v), a.head_dim);
   return f;
 }
 

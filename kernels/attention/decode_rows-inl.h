@@ -528,15 +528,12 @@ HWY_NOINLINE void AttentionRowDotBlock(const AttnDims& a, const AttnViews& views
                                        size_t h, size_t i0, size_t i1, size_t key_begin,
                                        size_t key_end, float* HWY_RESTRICT partial,
                                        float* HWY_RESTRICT scratch) {
-  const Block blk = StartBlock(a, views, b, h, i0, i1, scratch);
-  const FlashScratch& f = blk.f;
-  const size_t L = a.head_dim;
-  Fill(f.acc, blk.rows * L, 0.0f);
-  for (size_t r = 0; r < blk.rows; ++r) {
-    RowByDot(a, blk.q + r * blk.ldq, blk.k, blk.v, a.visible_keys(i0 + r), key_begin, key_end,
-             f.acc + r * L, f.m + r, f.l + r, f.bad + r, f.s_row);
-  }
-  EndBlock(a, blk, partial);
+  RowsOneByOne(a, views, b, h, i0, i1, partial, scratch,
+               [&](const Block& blk, const float* HWY_RESTRICT q_r, size_t visible,
+                   float* HWY_RESTRICT acc, float* m, float* l, float* bad) {
+                 RowByDot(a, q_r, blk.k, blk.v, visible, key_begin, key_end, acc, m, l, bad,
+                          blk.f.s_row);
+               });
 }
 
 // The decode-rows path over f32 K and V read in their aligned frames
@@ -547,18 +544,15 @@ HWY_NOINLINE void AttentionRowShiftedBlock(const AttnDims& a, const AttnViews& v
                                            size_t key_end, float* HWY_RESTRICT partial,
                                            float* HWY_RESTRICT scratch) {
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
-  const Block blk = StartBlock(a, views, b, h, i0, i1, scratch);
-  const FlashScratch& f = blk.f;
-  const size_t L = a.head_dim;
-  Fill(f.acc, blk.rows * L, 0.0f);
-  const ShiftedRows k(reinterpret_cast<const float*>(blk.k.base), blk.k.stride, L);
-  const ShiftedRows v(reinterpret_cast<const float*>(blk.v.base), blk.v.stride, L);
-  for (size_t r = 0; r < blk.rows; ++r) {
-    FlashAttentionRowByDotShifted(a, blk.q + r * blk.ldq, k, v, a.visible_keys(i0 + r),
-                                  key_begin, key_end, f.acc + r * L, f.m + r, f.l + r,
-                                  f.bad + r, f.s_row);
-  }
-  EndBlock(a, blk, partial);
+  RowsOneByOne(a, views, b, h, i0, i1, partial, scratch,
+               [&](const Block& blk, const float* HWY_RESTRICT q_r, size_t visible,
+                   float* HWY_RESTRICT acc, float* m, float* l, float* bad) {
+                 const size_t L = a.head_dim;
+                 const ShiftedRows k(reinterpret_cast<const float*>(blk.k.base), blk.k.stride, L);
+                 const ShiftedRows v(reinterpret_cast<const float*>(blk.v.base), blk.v.stride, L);
+                 FlashAttentionRowByDotShifted(a, q_r, k, v, visible, key_begin, key_end, acc, m,
+                                               l, bad, blk.f.s_row);
+               });
 #else
   AttentionRowDotBlock(a, views, b, h, i0, i1, key_begin, key_end, partial, scratch);
 #endif

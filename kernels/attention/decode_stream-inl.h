@@ -268,11 +268,6 @@ HWY_NOINLINE void FlashAttentionRowStreamNarrow(const AttnDims& a, const float* 
 }
 #endif
 
-// Whether this target has a stream (dispatch/attention_paths.cc asks the
-// same of the target it dispatches to): the 32-register form for L of 1 to
-// 8 vectors, the narrow form for any whole number of vectors.
-inline constexpr bool kHasRowStream = HWY_TARGET != HWY_SCALAR && !HWY_HAVE_SCALABLE;
-
 // One row over keys [key_begin, end) of K and V of element type T on this
 // target's stream.
 template <class T>
@@ -311,21 +306,17 @@ HWY_NOINLINE void AttentionRowStreamBlock(const AttnDims& a, const AttnViews& vi
                                           size_t h, size_t i0, size_t i1, size_t key_begin,
                                           size_t key_end, float* HWY_RESTRICT partial,
                                           float* HWY_RESTRICT scratch) {
-  const Block blk = StartBlock(a, views, b, h, i0, i1, scratch);
-  const FlashScratch& f = blk.f;
-  const size_t L = a.head_dim;
-  Fill(f.acc, blk.rows * L, 0.0f);
-  WithElementType(blk.k.dtype, blk.k.base, [&](const auto* k) {
-    using T = std::remove_cv_t<std::remove_pointer_t<decltype(k)>>;
-    const T* v = reinterpret_cast<const T*>(blk.v.base);
-    for (size_t r = 0; r < blk.rows; ++r) {
-      const size_t visible = a.visible_keys(i0 + r);
-      const size_t end = visible < key_end ? visible : key_end;
-      RowStream(a, blk.q + r * blk.ldq, k, blk.k.stride, v, blk.v.stride, key_begin, end,
-                f.acc + r * L, f.m + r, f.l + r, f.bad + r);
-    }
-  });
-  EndBlock(a, blk, partial);
+  RowsOneByOne(a, views, b, h, i0, i1, partial, scratch,
+               [&](const Block& blk, const float* HWY_RESTRICT q_r, size_t visible,
+                   float* HWY_RESTRICT acc, float* m, float* l, float* bad) {
+                 const size_t end = visible < key_end ? visible : key_end;
+                 WithElementType(blk.k.dtype, blk.k.base, [&](const auto* k) {
+                   using T = std::remove_cv_t<std::remove_pointer_t<decltype(k)>>;
+                   const T* v = reinterpret_cast<const T*>(blk.v.base);
+                   RowStream(a, q_r, k, blk.k.stride, v, blk.v.stride, key_begin, end, acc, m, l,
+                             bad);
+                 });
+               });
 }
 
 }  // namespace HWY_NAMESPACE
