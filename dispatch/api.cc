@@ -451,25 +451,6 @@ ByteRange BiasRange(const float* bias, size_t model_dim) {
   return r;
 }
 
-// Attention's operands on views, checked: q, k, v and out, each against its
-// extents, out against every input.
-headsum_status CheckAttnViews(const char* fn, const headsum_attn_shape* shape,
-                              const AttnDims& a, const headsum_tensor* q,
-                              const headsum_tensor* k, const headsum_tensor* v,
-                              const headsum_tensor* out, headsum::AttnViews* views) {
-  const int64_t kv_heads = static_cast<int64_t>(a.kv_heads);
-  const int64_t q_dims[4] = {shape->batch, shape->heads, shape->seq_q, shape->head_dim};
-  const int64_t kv_dims[4] = {shape->batch, kv_heads, shape->seq_kv, shape->head_dim};
-  ByteRange q_range, k_range, v_range, out_range;
-  HEADSUM_CHECK(CheckTensor(fn, "q", q, q_dims, kAllStrides, false, &views->q, &q_range));
-  HEADSUM_CHECK(CheckTensor(fn, "k", k, kv_dims, kAllStrides, false, &views->k, &k_range));
-  HEADSUM_CHECK(CheckTensor(fn, "v", v, kv_dims, kAllStrides, false, &views->v, &v_range));
-  HEADSUM_CHECK(CheckTensor(fn, "out", out, q_dims, kAllStrides, true, &views->out, &out_range));
-  HEADSUM_CHECK(CheckDisjoint(fn, "out", out_range, "q", q_range));
-  HEADSUM_CHECK(CheckDisjoint(fn, "out", out_range, "k", k_range));
-  return CheckDisjoint(fn, "out", out_range, "v", v_range);
-}
-
 // Wo [H*L][D] as a view, checked; only its row stride is used.
 headsum_status CheckWoView(const char* fn, const headsum_proj_shape* shape,
                            const headsum_tensor* wo, TensorView* view, ByteRange* range) {
@@ -536,7 +517,25 @@ headsum_status headsum_attention_tensors(const headsum_attn_shape* shape,
   headsum::AttnViews views;
   return Entry("headsum_attention_tensors")
       .Check(CheckAttnShape, shape, &a)
-      .Check(CheckAttnViews, shape, a, q, k, v, out, &views)
+      .Check(CheckAttnViews, shape, a, q, k, v, out, &views, nullptr)
+      .Run([&] { return Attention(a, views); });
+}
+
+headsum_status headsum_attention_tensors_ex(const headsum_attn_shape* shape,
+                                            const headsum_attn_options* options,
+                                            const headsum_tensor* q, const headsum_tensor* k,
+                                            const headsum_tensor* v, const headsum_tensor* out) {
+  AttnDims a;
+  headsum::AttnViews views;
+  headsum::AttnOptions opt;
+  ByteRange out_range;
+  return Entry("headsum_attention_tensors_ex")
+      .Check(CheckAttnShape, shape, &a)
+      .Check(CheckAttnViews, shape, a, q, k, v, out, &views, &out_range)
+      .Check([&](const char* fn) {
+        return CheckAttnOptions(fn, options, shape->batch, shape->heads, shape->seq_q,
+                                shape->seq_kv, &out_range, nullptr, &a, &opt);
+      })
       .Run([&] { return Attention(a, views); });
 }
 

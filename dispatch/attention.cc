@@ -137,22 +137,29 @@ headsum_status Attention(const AttnDims& dims, const AttnViews& views) {
   a.stream_key_by_key = stream == RowStreamKind::kKeyByKey;
   // bf16 inputs (or any, under fpmath BF16) on a native bf16 path in force.
   // (Except few rows of bf16 on AMX_BF16: NativeFewRowsOnF32.)
+  // (Calls with a model's extras or a window run on the Highway paths.)
+  const bool plain = a.opt == nullptr && a.window == 0;
   if (const native::Path* n = NativeFor({views.q.dtype, views.k.dtype, views.v.dtype})) {
-    if (!NativeFewRowsOnF32(*n, a, views)) return NativeAttention(*n, a, views);
+    if (plain && !NativeFewRowsOnF32(*n, a, views)) return NativeAttention(*n, a, views);
   }
   // A decode step (Sq = 1) of grouped heads: each group one head of
-  // H/Hkv rows, all of which see every key.
+  // H/Hkv rows, all of which see the same keys.
   if (a.seq_q == 1 && a.group() > 1) {
     AttnDims grouped;
     AttnViews g;
-    GroupDecodeHeads(a, views, &grouped, &g);
+    AttnOptions grouped_opt;
+    GroupDecodeHeads(a, views, &grouped, &g, &grouped_opt);
     return Attention(grouped, g);
   }
   const AttnTarget t = AttnTargetOf(ActiveTarget());
   const size_t scratch = attn::ScratchFloats(t.index, a, views);
   const RowBlocks blocks{a, kAttentionQueryBlock};
-  const size_t splits = a.seq_q <= kAttentionQueryBlock && a.seq_kv >= 2 * kKeySplit
-                            ? (a.seq_kv + kKeySplit - 1) / kKeySplit : 1;
+  // Keys [keys_lo, keys_hi) are all the call's rows see (all keys but under
+  // a sliding window): a decode step splits those.
+  const size_t keys_lo = a.first_key(0), keys_hi = a.visible_keys(a.seq_q - 1);
+  const size_t span = keys_hi > keys_lo ? keys_hi - keys_lo : 0;
+  const size_t splits = a.seq_q <= kAttentionQueryBlock && span >= 2 * kKeySplit
+                            ? (span + kKeySplit - 1) / kKeySplit : 1;
   if (splits == 1 && attn::HeadPackFloats(t.index, a, views) != 0) {
     // Token-major or 16-bit K/V: each thread copies a head's rows once (see
     // kernels/attention/head_pack-inl.h); `call` tells this call's copies
@@ -215,8 +222,8 @@ headsum_status Attention(const AttnDims& dims, const AttnViews& views) {
         const size_t bg = item / (group * splits);  // b * kv_heads + g
         const size_t b = bg / a.kv_heads, h = (bg % a.kv_heads) * group + in_group;
         const size_t bh = b * a.heads + h;
-        const size_t key_end = HWY_MIN((c + 1) * kKeySplit, a.seq_kv);
-        RunAttentionBlock(t, a, views, b, h, 0, a.seq_q, c * kKeySplit, key_end,
+        const size_t key_end = HWY_MIN(keys_lo + (c + 1) * kKeySplit, a.seq_kv);
+        RunAttentionBlock(t, a, views, b, h, 0, a.seq_q, keys_lo + c * kKeySplit, key_end,
                           partials + (bh * splits + c) * per_split, scratch);
       })) {
     return s;

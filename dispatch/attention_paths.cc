@@ -5,6 +5,8 @@
 
 #include <atomic>
 
+#include "hwy/base.h"
+
 #include "dispatch/targets.h"
 #include "dispatch/test_hooks.h"
 #include "hwy/targets.h"
@@ -31,9 +33,15 @@ bool FewRows(const BlockQuery& q) { return q.rows() <= kAttentionDotRows; }
 // SCALAR, where GCC 12 vectorizes the one-lane P V loop over a key's four
 // contiguous weights into loads of two neighbouring V elements, the second
 // past the end of the last V row (tests/guard_pages_test.cc).
+// The paths that add a model's extras to their scores (softcap, ALiBi, a
+// bias: AttnOptions::Scores) are the tiles, the rows by keys and the decode
+// rows; the others run only blocks without them.
+bool PlainScores(const BlockQuery& q) { return q.a.opt == nullptr || !q.a.opt->Scores(); }
+
 bool GroupsRun(const BlockQuery& q) {
-  return !IsScalar(q.target) && q.rows() >= kAttentionGroupRows &&
-         q.a.visible_keys(q.i0) == q.a.visible_keys(q.i1 - 1);
+  return !IsScalar(q.target) && q.rows() >= kAttentionGroupRows && PlainScores(q) &&
+         q.a.visible_keys(q.i0) == q.a.visible_keys(q.i1 - 1) &&
+         q.a.first_key(q.i0) == q.a.first_key(q.i1 - 1);
 }
 // More rows than the row paths take, and few: up to four groups, or on 16
 // or more lanes a block up to a quarter vector past one vector (the seed's
@@ -61,7 +69,7 @@ bool RowsByKeysPicked(const BlockQuery& q) {
 // on the 32-register form); not on SCALAR or the scalable targets.
 bool RowStreamRuns(const BlockQuery& q) {
   const size_t L = q.a.head_dim;
-  if (IsScalar(q.target) || IsScalable(q.target)) return false;
+  if (IsScalar(q.target) || IsScalable(q.target) || !PlainScores(q)) return false;
   if (q.views.k.dtype != q.views.v.dtype || L % q.lanes != 0) return false;
   return IsNarrowX86(q.target) || L / q.lanes <= 8;
 }
@@ -91,7 +99,8 @@ uintptr_t KvRow0(const BlockQuery& q, const TensorView& t) {
 }
 bool RowShiftedRuns(const BlockQuery& q) {
   const TensorView &k = q.views.k, &v = q.views.v;
-  return IsAvx512(q.target) && k.dtype == DType::kF32 && v.dtype == DType::kF32 &&
+  return IsAvx512(q.target) && PlainScores(q) && k.dtype == DType::kF32 &&
+         v.dtype == DType::kF32 &&
          FrameFits(k, q.a.head_dim) && FrameFits(v, q.a.head_dim);
 }
 // Rows that start off a 64-byte boundary (a buffer 16 bytes off, as
@@ -144,6 +153,13 @@ AttnTarget AttnTargetOf(int64_t target) {
 void RunAttentionBlock(const AttnTarget& t, const AttnDims& a, const AttnViews& views, size_t b,
                        size_t h, size_t i0, size_t i1, size_t key_begin, size_t key_end,
                        float* partial, float* scratch) {
+  // Under a sliding window the block starts at its first row's first key:
+  // the paths skip the tiles before it (and, as causal rows do, those past
+  // the last row's last key).
+  if (a.window != 0) {
+    key_begin = HWY_MAX(key_begin, a.first_key(i0));
+    if (key_begin > key_end) key_begin = key_end;
+  }
   while (i0 < i1) {
     const BlockQuery q{a, views, b, h, i0, i1, key_begin, key_end, t.target, t.lanes};
     const AttnPath& p = PickAttnPath(q);
@@ -158,11 +174,18 @@ void RunAttentionBlock(const AttnTarget& t, const AttnDims& a, const AttnViews& 
 }
 
 void GroupDecodeHeads(const AttnDims& a, const AttnViews& views, AttnDims* grouped,
-                      AttnViews* g) {
+                      AttnViews* g, AttnOptions* grouped_opt) {
   *grouped = a;
   grouped->heads = a.kv_heads;
   grouped->seq_q = a.group();
   grouped->causal = false;
+  grouped->rows_are_heads = a.group();
+  if (a.opt != nullptr) {  // the bias's rows become the group's heads too
+    *grouped_opt = *a.opt;
+    grouped_opt->bias.ss = a.opt->bias.sh;
+    grouped_opt->bias.sh = a.opt->bias.sh * a.group();
+    grouped->opt = grouped_opt;
+  }
   *g = views;
   g->q.ss = views.q.sh;
   g->q.sh = views.q.sh * a.group();

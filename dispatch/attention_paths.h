@@ -87,8 +87,11 @@ void RunAttentionBlock(const AttnTarget& t, const AttnDims& a, const AttnViews& 
 // A decode step (Sq = 1) of grouped heads as one head of H/Hkv rows per kv
 // head: the query rows of the heads that share a kv head are one head
 // stride apart in Q and O, so K and V are read once per group.
+// rows_are_heads tells the kernels each row's head and position; a call's
+// options are copied into *grouped_opt with the bias regrouped alike (null
+// only for calls without options).
 void GroupDecodeHeads(const AttnDims& a, const AttnViews& views, AttnDims* grouped,
-                      AttnViews* grouped_views);
+                      AttnViews* grouped_views, AttnOptions* grouped_opt = nullptr);
 
 // Work items (b, h, row block), most expensive first: under a causal mask
 // the last rows see the most keys, so blocks are handed out from the bottom.

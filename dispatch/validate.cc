@@ -316,5 +316,83 @@ headsum_status CheckDisjoint(const char* fn, const char* out_name, const ByteRan
               reinterpret_cast<void*>(in.lo), reinterpret_cast<void*>(in.hi));
 }
 
+namespace {
+constexpr bool kAllViewStrides[3] = {true, true, true};
+}  // namespace
+
+// Attention's operands on views, checked: q, k, v and out, each against its
+// extents, out against every input.
+headsum_status CheckAttnViews(const char* fn, const headsum_attn_shape* shape,
+                              const AttnDims& a, const headsum_tensor* q,
+                              const headsum_tensor* k, const headsum_tensor* v,
+                              const headsum_tensor* out, AttnViews* views,
+                              ByteRange* out_range_out) {
+  const int64_t kv_heads = static_cast<int64_t>(a.kv_heads);
+  const int64_t q_dims[4] = {shape->batch, shape->heads, shape->seq_q, shape->head_dim};
+  const int64_t kv_dims[4] = {shape->batch, kv_heads, shape->seq_kv, shape->head_dim};
+  ByteRange q_range, k_range, v_range, out_range;
+  ByteRange& out_r = out_range_out != nullptr ? *out_range_out : out_range;
+  HEADSUM_CHECK(CheckTensor(fn, "q", q, q_dims, kAllViewStrides, false, &views->q, &q_range));
+  HEADSUM_CHECK(CheckTensor(fn, "k", k, kv_dims, kAllViewStrides, false, &views->k, &k_range));
+  HEADSUM_CHECK(CheckTensor(fn, "v", v, kv_dims, kAllViewStrides, false, &views->v, &v_range));
+  HEADSUM_CHECK(CheckTensor(fn, "out", out, q_dims, kAllViewStrides, true, &views->out, &out_r));
+  HEADSUM_CHECK(CheckDisjoint(fn, "out", out_r, "q", q_range));
+  HEADSUM_CHECK(CheckDisjoint(fn, "out", out_r, "k", k_range));
+  return CheckDisjoint(fn, "out", out_r, "v", v_range);
+}
+
+// What a model adds to the scores, checked (DESIGN.md's rules, each named):
+// window >= 0; softcap >= 0 and finite; slopes and sinks finite; the bias a
+// view over [B][H][Sq][Skv] that does not meet out.
+headsum_status CheckAttnOptions(const char* fn, const headsum_attn_options* options,
+                                int64_t batch, int64_t heads, int64_t seq_q, int64_t seq_kv,
+                                const ByteRange* out_range, const ByteRange* out_range2,
+                                AttnDims* a, AttnOptions* opt) {
+  *opt = AttnOptions();
+  a->window = 0;
+  a->opt = nullptr;
+  if (options == nullptr) return HEADSUM_OK;
+  if (options->window < 0) {
+    return Fail(HEADSUM_ERR_INVALID_ARGUMENT, fn, "options->window = %lld must be >= 0",
+                static_cast<long long>(options->window));
+  }
+  if (!(options->softcap >= 0.0f) || !std::isfinite(options->softcap)) {
+    return Fail(HEADSUM_ERR_INVALID_ARGUMENT, fn,
+                "options->softcap = %g must be finite and >= 0", double(options->softcap));
+  }
+  const struct {
+    const char* name;
+    const float* values;
+  } per_head[2] = {{"alibi_slopes", options->alibi_slopes}, {"sinks", options->sinks}};
+  for (const auto& p : per_head) {
+    for (int64_t h = 0; p.values != nullptr && h < heads; ++h) {
+      if (!std::isfinite(p.values[h])) {
+        return Fail(HEADSUM_ERR_INVALID_ARGUMENT, fn,
+                    "options->%s[%lld] = %g must be finite", p.name, static_cast<long long>(h),
+                    double(p.values[h]));
+      }
+    }
+  }
+  if (options->bias != nullptr) {
+    const int64_t dims[4] = {batch, heads, seq_q, seq_kv};
+    ByteRange bias_range;
+    HEADSUM_CHECK(CheckTensor(fn, "options->bias", options->bias, dims, kAllViewStrides, false,
+                              &opt->bias, &bias_range));
+    if (out_range != nullptr) {
+      HEADSUM_CHECK(CheckDisjoint(fn, "out", *out_range, "options->bias", bias_range));
+    }
+    if (out_range2 != nullptr) {
+      HEADSUM_CHECK(CheckDisjoint(fn, "out", *out_range2, "options->bias", bias_range));
+    }
+    opt->has_bias = true;
+  }
+  opt->softcap = options->softcap;
+  opt->slopes = options->alibi_slopes;
+  opt->sinks = options->sinks;
+  a->window = static_cast<size_t>(options->window);
+  if (opt->Scores() || opt->sinks != nullptr) a->opt = opt;
+  return HEADSUM_OK;
+}
+
 }  // namespace dispatch
 }  // namespace headsum

@@ -55,6 +55,21 @@ headsum_status CheckTensor(const char* fn, const char* name, const headsum_tenso
 headsum_status CheckDisjoint(const char* fn, const char* out_name, const ByteRange& out,
                              const char* in_name, const ByteRange& in);
 
+// Attention's operands on views: q, k, v and out, each against its
+// extents, out against every input; fills views (and out's byte range).
+headsum_status CheckAttnViews(const char* fn, const headsum_attn_shape* shape,
+                              const AttnDims& a, const headsum_tensor* q,
+                              const headsum_tensor* k, const headsum_tensor* v,
+                              const headsum_tensor* out, AttnViews* views,
+                              ByteRange* out_range = nullptr);
+// headsum_attn_options checked (NULL: plain), into a->window, *opt and
+// a->opt (null when nothing is added to the scores or denominators); the
+// bias must not meet out_range (nor out_range2, when not null).
+headsum_status CheckAttnOptions(const char* fn, const headsum_attn_options* options,
+                                int64_t batch, int64_t heads, int64_t seq_q, int64_t seq_kv,
+                                const ByteRange* out_range, const ByteRange* out_range2,
+                                AttnDims* a, AttnOptions* opt);
+
 }  // namespace dispatch
 }  // namespace headsum
 

@@ -8,6 +8,38 @@
 
 namespace headsum {
 
+// Element types of the tensor API (headsum_dtype's values).
+enum class DType : int { kF32 = 0, kF16 = 1, kBF16 = 2 };
+inline size_t DTypeBytes(DType t) { return t == DType::kF32 ? 4 : 2; }
+
+// A validated strided view (headsum_tensor): element (b, h, s, l) at
+// data + (b*sb + h*sh + s*ss + l) elements of `dtype`.
+struct TensorView {
+  void* data = nullptr;
+  DType dtype = DType::kF32;
+  size_t sb = 0, sh = 0, ss = 0;
+  // Byte address of element (b, h, s, 0).
+  char* Row(size_t b, size_t h, size_t s) const {
+    return static_cast<char*>(data) + (b * sb + h * sh + s * ss) * DTypeBytes(dtype);
+  }
+  bool IsF32() const { return dtype == DType::kF32; }
+};
+
+// What a model adds to the scores (headsum_attn_options, validated), as the
+// kernels apply it: per score s = scale q.k, then s = softcap tanh(s /
+// softcap), s += slopes[h] (j - p), s += bias[b][h][i][j]; the row's
+// denominator adds exp(sinks[h] - m).  The window is AttnDims::window.
+struct AttnOptions {
+  float softcap = 0.0f;            // 0: none
+  const float* slopes = nullptr;   // [H] of the call's heads, or null
+  const float* sinks = nullptr;    // [H], or null
+  bool has_bias = false;
+  TensorView bias;                 // [b][h][i] rows of keys (j contiguous)
+  // Whether anything is added to the scores themselves (the paths that
+  // take it: dispatch/attention_paths.cc).
+  bool Scores() const { return softcap > 0.0f || slopes != nullptr || has_bias; }
+};
+
 struct AttnDims {
   size_t batch, heads, kv_heads;  // kv_heads divides heads
   size_t seq_q, seq_kv, head_dim;
@@ -29,18 +61,42 @@ struct AttnDims {
   // see RowStreamFor).  Key by key, f32 K/V from memory stream too.
   bool stream_key_by_key = false;
 
+  // The sliding window (0: none): causal rows at position p see keys
+  // p - window < j <= p, other rows |j - p| < window.
+  size_t window = 0;
+  // What the model adds to the scores and the denominators (null: nothing).
+  const AttnOptions* opt = nullptr;
+  // > 0: the rows of head h are query heads h * rows_are_heads + i of one
+  // decode step (GroupDecodeHeads), all at position seq_kv - 1.
+  size_t rows_are_heads = 0;
+
   size_t group() const { return heads / kv_heads; }  // query heads per kv head
   // Bottom-right aligned causal mask: query i sees key j when j <= i + offset.
   long long causal_offset() const {
     return static_cast<long long>(seq_kv) - static_cast<long long>(seq_q);
   }
-  // Number of keys query row i sees (0 .. seq_kv).
+  // The position of query row i (keys sit at 0 .. seq_kv - 1).
+  long long position(size_t i) const {
+    return rows_are_heads != 0 ? static_cast<long long>(seq_kv) - 1
+                               : static_cast<long long>(i) + causal_offset();
+  }
+  // The query head of row i of head h (for the slopes and sinks).
+  size_t query_head(size_t h, size_t i) const {
+    return rows_are_heads != 0 ? h * rows_are_heads + i : h;
+  }
+  // Keys [first_key(i), visible_keys(i)) are the ones query row i sees.
   size_t visible_keys(size_t i) const {
-    if (!causal) return seq_kv;
-    const long long last = static_cast<long long>(i) + causal_offset();
-    if (last < 0) return 0;
-    const size_t n = static_cast<size_t>(last) + 1;
-    return n < seq_kv ? n : seq_kv;
+    if (!causal && window == 0) return seq_kv;
+    const long long p = position(i);
+    const long long end = causal ? p + 1 : p + static_cast<long long>(window);
+    if (end <= 0) return 0;
+    return static_cast<size_t>(end) < seq_kv ? static_cast<size_t>(end) : seq_kv;
+  }
+  size_t first_key(size_t i) const {
+    if (window == 0) return 0;
+    const long long first = position(i) - static_cast<long long>(window) + 1;
+    if (first <= 0) return 0;
+    return static_cast<size_t>(first) < seq_kv ? static_cast<size_t>(first) : seq_kv;
   }
 };
 
@@ -74,23 +130,6 @@ constexpr size_t kWoPanelCols = 48;
 inline size_t WoPanels(size_t model_dim) {
   return (model_dim + kWoPanelCols - 1) / kWoPanelCols;
 }
-
-// Element types of the tensor API (headsum_dtype's values).
-enum class DType : int { kF32 = 0, kF16 = 1, kBF16 = 2 };
-inline size_t DTypeBytes(DType t) { return t == DType::kF32 ? 4 : 2; }
-
-// A validated strided view (headsum_tensor): element (b, h, s, l) at
-// data + (b*sb + h*sh + s*ss + l) elements of `dtype`.
-struct TensorView {
-  void* data = nullptr;
-  DType dtype = DType::kF32;
-  size_t sb = 0, sh = 0, ss = 0;
-  // Byte address of element (b, h, s, 0).
-  char* Row(size_t b, size_t h, size_t s) const {
-    return static_cast<char*>(data) + (b * sb + h * sh + s * ss) * DTypeBytes(dtype);
-  }
-  bool IsF32() const { return dtype == DType::kF32; }
-};
 
 // The operands of attention on views: q [B][H][Sq][L], k and v
 // [B][Hkv][Skv][L], out [B][H][Sq][L].

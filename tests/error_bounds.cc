@@ -21,11 +21,44 @@ std::vector<double> QkScoresError(const RefAttnDims& d, const float* q, const fl
       for (int64_t i = 0; i < d.seq_q; ++i) {
         for (int64_t j = 0; j < d.seq_kv; ++j) {
           if (!d.visible(i, j)) continue;
-          double abs_dot = 0.0;
+          double abs_dot = 0.0, dot = 0.0;
           for (int64_t l = 0; l < d.head_dim; ++l) {
-            abs_dot += std::fabs(double(q[d.q_at(b, h, i, l)]) * double(k[d.kv_at(b, g, j, l)]));
+            const double prod = double(q[d.q_at(b, h, i, l)]) * double(k[d.kv_at(b, g, j, l)]);
+            abs_dot += std::fabs(prod);
+            dot += prod;
           }
-          err[d.s_at(b, h, i, j)] = per_unit * abs_dot;
+          double e = per_unit * abs_dot;
+          // What a model adds (kernels/attention/common-inl.h), each in f32
+          // on scores in base 2 (errors there are ln 2 < 1 times smaller in
+          // the natural units here, so the bounds hold as written):
+          double s = std::fabs(d.scale * dot);
+          if (d.softcap > 0.0) {
+            // tanh(x) = (1 - e) / (1 + e), e = 2^(-2 log2(e) |x|), x = s / c
+            // (x: two roundings, 2 eps |x| relative; through the exponent
+            // of e, 4 eps |x| relative on e), e itself kExpRelErr relative;
+            // d tanh / de = -2 / (1 + e)^2 turns a relative error r on e
+            // into at most r / 2 on tanh; the subtraction, addition and
+            // division 3 eps; c tanh and c log2(e) an eps each.  Times c:
+            // c (kExpRelErr / 2 + 5 eps) + 4 eps |s|.  The error already on
+            // s passes through tanh (slope <= 1).
+            e += d.softcap * (kExpRelErr / 2 + 5 * kEps) + 4 * kEps * s;
+            s = d.softcap * std::tanh(s / d.softcap);
+          }
+          if (d.slopes != nullptr) {
+            // slope log2(e) rounded (eps |term|), j - p exact, one FMA
+            // rounding (eps |new s|).
+            const double term = std::fabs(double(d.slopes[h]) * double(j - d.position(i)));
+            s += term;
+            e += kEps * term + kEps * s;
+          }
+          if (d.bias != nullptr) {
+            const double term = std::fabs(double((*d.bias)[d.s_at(b, h, i, j)]));
+            if (std::isfinite(term)) {
+              s += term;
+              e += kEps * term + kEps * s;
+            }
+          }
+          err[d.s_at(b, h, i, j)] = e;
         }
       }
     }
@@ -76,7 +109,17 @@ std::vector<double> SoftmaxVBoundImpl(const RefAttnDims& d, const std::vector<do
           if (d.visible(i, j)) m = std::max(m, scores[d.s_at(b, h, i, j)]);
         }
         if (m == kMinusInf) continue;  // nothing visible: exact zeros
-        double z = 0.0;
+        // A sink joins the denominator alone: its weight's error enters
+        // delta_bar (step 1), its value is 0; the kernel's last step (its
+        // rescaling and the sink's exponential: SinkFactor) adds 4 eps A.
+        double z = 0.0, sink_p = 0.0, sink_delta = 0.0;
+        if (d.sinks != nullptr) {
+          const double sink = double(d.sinks[h]);
+          m = std::max(m, sink);
+          sink_p = std::exp(sink - m);
+          z += sink_p;
+          sink_delta = std::min(kExpRelErr + 3 * kEps * (std::fabs(sink) + std::fabs(m)), 1.0);
+        }
         for (int64_t j = 0; j < d.seq_kv; ++j) {
           const double s = scores[d.s_at(b, h, i, j)];
           p[j] = 0.0;
@@ -89,11 +132,12 @@ std::vector<double> SoftmaxVBoundImpl(const RefAttnDims& d, const std::vector<do
           if (s - m < -80.0) dj = 1.0;
           delta[j] = std::min(dj, 1.0);
         }
-        double delta_bar = 0.0;
+        double delta_bar = sink_p / z * sink_delta;
         for (int64_t j = 0; j < d.seq_kv; ++j) {
           p[j] /= z;
           delta_bar += p[j] * delta[j];
         }
+        const double last_steps = d.sinks != nullptr ? 4 * kEps : 0.0;
         for (int64_t l = 0; l < d.head_dim; ++l) {
           double a = 0.0, weighted = 0.0;
           for (int64_t j = 0; j < d.seq_kv; ++j) {
@@ -102,7 +146,8 @@ std::vector<double> SoftmaxVBoundImpl(const RefAttnDims& d, const std::vector<do
             a += p[j] * abs_v;
             weighted += p[j] * delta[j] * abs_v;
           }
-          bound[d.q_at(b, h, i, l)] = kSafety * (weighted + delta_bar * a + accumulation * a);
+          bound[d.q_at(b, h, i, l)] =
+              kSafety * (weighted + delta_bar * a + (accumulation + last_steps) * a);
         }
       }
     }

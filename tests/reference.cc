@@ -37,7 +37,11 @@ std::vector<double> RefQkScores(const RefAttnDims& d, const float* q, const floa
           for (int64_t l = 0; l < d.head_dim; ++l) {
             dot += double(q[d.q_at(b, h, i, l)]) * double(k[d.kv_at(b, g, j, l)]);
           }
-          s[d.s_at(b, h, i, j)] = d.scale * dot;
+          double score = d.scale * dot;
+          if (d.softcap > 0.0) score = d.softcap * std::tanh(score / d.softcap);
+          if (d.slopes != nullptr) score += double(d.slopes[h]) * double(j - d.position(i));
+          if (d.bias != nullptr) score += double((*d.bias)[d.s_at(b, h, i, j)]);
+          s[d.s_at(b, h, i, j)] = score;
         }
       }
     }
@@ -56,7 +60,13 @@ std::vector<double> RefSoftmaxRows(const RefAttnDims& d, const std::vector<doubl
           if (d.visible(i, j)) row_max = std::max(row_max, scores[d.s_at(b, h, i, j)]);
         }
         if (row_max == kMinusInf) continue;  // nothing visible: zeros
+        // A sink: one more logit in the denominator alone.
         double sum = 0.0;
+        if (d.sinks != nullptr) {
+          const double sink = double(d.sinks[h]);
+          row_max = std::max(row_max, sink);
+          sum = std::exp(sink - row_max);
+        }
         for (int64_t j = 0; j < d.seq_kv; ++j) {
           if (!d.visible(i, j)) continue;
           const double e = std::exp(scores[d.s_at(b, h, i, j)] - row_max);

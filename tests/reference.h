@@ -22,12 +22,28 @@ struct RefAttnDims {
   int64_t batch, heads, kv_heads, seq_q, seq_kv, head_dim;
   double scale;
   bool causal;
+  // What a model adds (headsum_attn_options), each optional: the sliding
+  // window, the softcap, ALiBi slopes [H], sinks [H], and the bias as its
+  // values expanded to [B][H][Sq][Skv] (as the kernel reads them).
+  int64_t window = 0;
+  double softcap = 0.0;
+  const float* slopes = nullptr;
+  const float* sinks = nullptr;
+  const std::vector<float>* bias = nullptr;
 
   // GQA: query head h reads kv head h / (H / Hkv).
   int64_t kv_head_of(int64_t h) const { return h / (heads / kv_heads); }
   // Bottom-right aligned causal mask: query i sees key j when
   // j <= i + (Skv - Sq).
-  bool visible(int64_t i, int64_t j) const { return !causal || j <= i + (seq_kv - seq_q); }
+  // A sliding window: causal rows see p - window < j <= p, others |j - p| <
+  // window, p = i + (Skv - Sq) the row's position.
+  int64_t position(int64_t i) const { return i + (seq_kv - seq_q); }
+  bool visible(int64_t i, int64_t j) const {
+    const int64_t p = position(i);
+    if (causal && j > p) return false;
+    if (window > 0) return causal ? j > p - window : (j > p - window && j < p + window);
+    return true;
+  }
 
   // Flat indices into Q/O [B][H][Sq][L], K/V [B][Hkv][Skv][L], S [B][H][Sq][Skv].
   size_t q_at(int64_t b, int64_t h, int64_t i, int64_t l) const {

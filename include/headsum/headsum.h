@@ -250,6 +250,99 @@ headsum_status headsum_convert(const int64_t dims[4], const headsum_tensor* src,
                                const headsum_tensor* dst);
 
 /* ---------------------------------------------------------------------------
+ * Attention for the models engines run: what a model adds to the scores,
+ * ragged batches, paged KV caches.
+ *
+ * Positions: query row i of a call with Sq queries over Skv keys sits at
+ * position p = i + (Skv - Sq) (bottom-right, as causal is); key j at
+ * position j.  Per score, in this order: s = scale q.k; s = softcap *
+ * tanh(s / softcap) if softcap > 0; s += alibi_slopes[h] * (j - p);
+ * s += bias[b][h][i][j]; then masked keys (causal: j > p; the window) are
+ * removed; the row's softmax denominator adds exp(sinks[h] - m) when sinks
+ * is set.  A row that sees no key gives zeros (the sinks then take the
+ * whole mass). */
+typedef struct {
+  int64_t window;             /* 0: none; > 0: causal calls see keys
+                                 p - window < j <= p (Mistral, Gemma, gpt-oss
+                                 sliding layers); non-causal calls see
+                                 |j - p| < window */
+  float softcap;              /* 0: none; > 0 (Gemma 2: 50) */
+  const float* alibi_slopes;  /* NULL or [H] (BLOOM, MPT) */
+  const float* sinks;         /* NULL or [H]: a logit per head that joins the
+                                 denominator only (gpt-oss) */
+  const headsum_tensor* bias; /* NULL or an additive term indexed
+                                 [b][h][i][j]: strides {b, h, i}, j
+                                 contiguous, any dtype; a stride of 0
+                                 broadcasts, so a key-padding mask is
+                                 [B][1][1][Skv] with strides {Skv, 0, 0};
+                                 -inf removes a key */
+} headsum_attn_options;
+
+/* headsum_attention_tensors with options; options NULL (or zeroed) = the
+ * plain call.  Invalid besides the tensor rules: window < 0; softcap < 0 or
+ * not finite; a NaN or infinite slope or sink; a bias view whose extents or
+ * strides overflow, or that meets out. */
+headsum_status headsum_attention_tensors_ex(const headsum_attn_shape* shape,
+                                            const headsum_attn_options* options,
+                                            const headsum_tensor* q, const headsum_tensor* k,
+                                            const headsum_tensor* v, const headsum_tensor* out);
+
+/* A ragged batch: sequence b owns query rows q_offsets[b] .. q_offsets[b+1]-1
+ * (q_offsets[0] = 0, non-decreasing; a sequence may own none) and attends
+ * over its first kv_lens[b] keys; its queries are its last positions, so
+ * row r of sequence b sits at p = kv_lens[b] - n_b + (r - q_offsets[b]),
+ * n_b its row count (n_b <= kv_lens[b]).  Decode batches (n_b = 1),
+ * prefill, chunked prefill and their mix are the same call. */
+typedef struct {
+  int64_t batch, heads, kv_heads, head_dim; /* kv_heads 0: = heads */
+  float scale;                              /* 0: 1/sqrt(head_dim) */
+  int causal;
+  const int64_t* q_offsets; /* [batch + 1] */
+  const int64_t* kv_lens;   /* [batch] */
+} headsum_batch_shape;
+
+/* A paged KV cache (vLLM, FlashInfer): pools of blocks of block_size
+ * tokens; token t of sequence b is slot t % block_size of block
+ * block_table[b * blocks_per_seq + t / block_size].  Element (block n,
+ * slot s, kv head g, l) of K is at (element*)k + n*strides[0] +
+ * s*strides[1] + g*strides[2] + l; V likewise with the same strides.
+ * Blocks may be shared by several sequences (a common prefix).  A
+ * contiguous per-sequence cache is block_size = its capacity and one block
+ * per sequence. */
+typedef struct {
+  void* k;
+  void* v;
+  headsum_dtype dtype;
+  int64_t num_blocks, block_size;
+  int64_t strides[3];         /* block, slot, kv head */
+  const int32_t* block_table; /* [batch][blocks_per_seq] */
+  int64_t blocks_per_seq;
+} headsum_paged_kv;
+
+/* out = attention of each sequence's rows over its paged keys.  q and out
+ * are token-major rows [T][H][L], T = q_offsets[batch]: element (t, h, l)
+ * at data + t*strides[2] + h*strides[1] + l (strides[0] unused).  K/V rows
+ * are read in place from their blocks.  Invalid besides the tensor and
+ * option rules: q_offsets not starting at 0 or decreasing; n_b > kv_lens[b]
+ * or kv_lens[b] < 0; a block_table entry outside [0, num_blocks) among the
+ * blocks a sequence uses (entries past them are never read); block_size <
+ * 1; blocks_per_seq * block_size < a kv_lens[b]; out meeting q or a pool. */
+headsum_status headsum_attention_paged(const headsum_batch_shape* shape,
+                                       const headsum_attn_options* options,
+                                       const headsum_tensor* q, const headsum_paged_kv* kv,
+                                       const headsum_tensor* out);
+
+/* Writes each sequence's n_b new K and V rows (k_new, v_new [T][Hkv][L],
+ * indexed as q above, any dtype) into its cache positions
+ * kv_lens[b] - n_b .. kv_lens[b] - 1, converted to kv->dtype (nearest
+ * even): how an engine appends a step before attending.  Invalid besides
+ * the rules above: destination slots that meet each other (two sequences
+ * writing one shared block slot) or that overlap k_new or v_new. */
+headsum_status headsum_paged_kv_write(const headsum_batch_shape* shape,
+                                      const headsum_paged_kv* kv, const headsum_tensor* k_new,
+                                      const headsum_tensor* v_new);
+
+/* ---------------------------------------------------------------------------
  * The whole layer, its KV cache, and heads across processes.
  *
  * x -> one fused projection x [Wq Wk Wv] (+ biases) -> rotary positions on Q
@@ -290,6 +383,15 @@ headsum_status headsum_mha_create_shard(const headsum_mha_config* config, int64_
                                         const float* wv, const float* wo, const float* bq,
                                         const float* bk, const float* bv, const float* bo,
                                         headsum_mha** mha);
+/* headsum_mha_create with what the model adds to the scores (options NULL:
+ * plain).  The options are copied (slopes and sinks [H], window, softcap);
+ * a bias tensor is not supported by the layer (HEADSUM_ERR_INVALID_ARGUMENT
+ * names it). */
+headsum_status headsum_mha_create_ex(const headsum_mha_config* config,
+                                     const headsum_attn_options* options, const float* wq,
+                                     const float* wk, const float* wv, const float* wo,
+                                     const float* bq, const float* bk, const float* bv,
+                                     const float* bo, headsum_mha** mha);
 void headsum_mha_free(headsum_mha* mha);
 
 /* A KV cache for `batch` sequences of up to `capacity` tokens each, for this

@@ -78,6 +78,11 @@ struct FlashScratch {
                   // decode rows copied (QCopied)
   float* k_rows;  // [kKeyTile][L] 16-bit K rows of a tile widened (block paths)
   float* v_rows;  // [kKeyTile][L] 16-bit V rows of a tile widened (block paths)
+  // Only where the call adds to its scores (AttnOptions::Scores), else null:
+  float* slope_t; // [ldw] the block's rows' ALiBi slopes (base 2), per lane
+  float* pos_t;   // [ldw] the block's rows' positions, per lane
+  float* bias_t;  // [kKeyTile][ldw] a tile of the bias, transposed (base 2)
+  float* bias_rows;  // [kQueryBlock][kKeyTile] 16-bit bias rows widened
 };
 
 // Whether the few f32 Q rows of a decode block at `row0`, `ld` floats apart,
@@ -110,11 +115,17 @@ inline size_t WidenedKvRows(const AttnViews& v) {
   return v.k.dtype != v.v.dtype ? kDotKeyTile : kKeyTile;
 }
 
+inline bool AddsToScores(const AttnDims& a) { return a.opt != nullptr && a.opt->Scores(); }
+inline size_t ScoreExtrasFloats(const AttnDims& a) {
+  const size_t ldw = QueryColumns(kQueryBlock);
+  return AddsToScores(a) ? 2 * ldw + kKeyTile * ldw + kQueryBlock * kKeyTile : 0;
+}
+
 inline size_t AttentionScratch(const AttnDims& a, const AttnViews& v) {
   const size_t ldw = QueryColumns(kQueryBlock), L = a.head_dim;
   return ldw * L + kKeyTile * ldw + kQueryBlock * L + 4 * ldw + kDotKeyTile + L * kKeyTile +
          kQueryBlock * L + KvTileFloats(v.k, WidenedKvRows(v), L) +
-         KvTileFloats(v.v, WidenedKvRows(v), L);
+         KvTileFloats(v.v, WidenedKvRows(v), L) + ScoreExtrasFloats(a);
 }
 
 inline FlashScratch CarveFlashScratch(const AttnDims& a, const AttnViews& v, float* scratch) {
@@ -132,6 +143,13 @@ inline FlashScratch CarveFlashScratch(const AttnDims& a, const AttnViews& v, flo
   f.q_rows = f.k_t + a.head_dim * kKeyTile;
   f.k_rows = f.q_rows + kQueryBlock * a.head_dim;
   f.v_rows = f.k_rows + KvTileFloats(v.k, WidenedKvRows(v), a.head_dim);
+  f.slope_t = f.pos_t = f.bias_t = f.bias_rows = nullptr;
+  if (AddsToScores(a)) {
+    f.slope_t = f.v_rows + KvTileFloats(v.v, WidenedKvRows(v), a.head_dim);
+    f.pos_t = f.slope_t + f.ldw;
+    f.bias_t = f.pos_t + f.ldw;
+    f.bias_rows = f.bias_t + kKeyTile * f.ldw;
+  }
   return f;
 }
 
@@ -207,6 +225,16 @@ struct KvRows {
   }
 };
 
+// The block paths' prefetch of the key tile after this one (keys from j up
+// to kKeyTile of them, below end) while this one is computed: strided rows do
+// not start the hardware's stream prefetcher (KvRows::PrefetchTile).
+inline void PrefetchNextTiles(const KvRows& k, const KvRows& v, size_t j, size_t end, size_t L) {
+  if (j >= end) return;
+  const size_t next = HWY_MIN(kKeyTile, end - j);
+  k.PrefetchTile(j, next, L);
+  v.PrefetchTile(j, next, L);
+}
+
 // Where FinishRows puts a block's final rows.
 struct OutRows {
   char* base;  // byte address of row 0
@@ -222,12 +250,25 @@ inline float Base2Scale(const AttnDims& a) { return a.scale * 1.4426950408889634
 // across work items: the unnormalized output, the max and the denominator.
 inline size_t PartialFloats(const AttnDims& a) { return a.head_dim + 2; }
 
+// The sink of a row (base 2) joins its denominator: with M = max(m, sink),
+// acc and l scale by 2^(m - M) and l gains 2^(sink - M) (a row that saw no
+// key: zeros, its mass all the sink's).  Returns the factor on acc / l.
+inline float SinkFactor(float m, float l, float sink2) {
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  const float M = HWY_MAX(m, sink2);
+  const float scale = m == kNegInf ? 0.0f : std::exp2(m - M);
+  const float denom = l * scale + std::exp2(sink2 - M);
+  return scale / denom;
+}
+
 // Final rows (O = acc / l) into out, or partial records (acc, m, l) when
 // partial != nullptr.  bad rows are NaN (m = NaN in a partial record).
+// sinks2: null, or row r's sink (base 2) at sinks2[r] (final rows only:
+// partial records take their sinks when merged).
 inline void FinishRows(size_t rows, size_t L, float* HWY_RESTRICT acc,
                        const float* HWY_RESTRICT m, const float* HWY_RESTRICT l,
                        const float* HWY_RESTRICT bad, const OutRows& out,
-                       float* HWY_RESTRICT partial) {
+                       float* HWY_RESTRICT partial, const float* sinks2 = nullptr) {
   constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
   for (size_t r = 0; r < rows; ++r) {
     float* HWY_RESTRICT acc_r = acc + r * L;
@@ -239,7 +280,9 @@ inline void FinishRows(size_t rows, size_t L, float* HWY_RESTRICT acc,
       continue;
     }
     // l > 0: normal; bad: NaN; l = 0: the row saw no key, zeros.
-    const float inv = bad[r] != 0.0f ? kNaN : (l[r] > 0.0f ? 1.0f / l[r] : 0.0f);
+    const float inv = bad[r] != 0.0f      ? kNaN
+                      : sinks2 != nullptr ? SinkFactor(m[r], l[r], sinks2[r])
+                      : (l[r] > 0.0f ? 1.0f / l[r] : 0.0f);
     if (out.dtype == DType::kF32) {
       float* HWY_RESTRICT o_r = reinterpret_cast<float*>(out.Row(r));
       ForEachVector(L, [&](auto d, size_t c) {
@@ -263,6 +306,7 @@ struct Block {
   KvRows k, v;
   OutRows out;
   size_t rows;
+  size_t b, h, i0;
 };
 
 inline Block StartBlock(const AttnDims& a, const AttnViews& views, size_t b, size_t h,
@@ -291,12 +335,170 @@ inline Block StartBlock(const AttnDims& a, const AttnViews& views, size_t b, siz
                KvRows{views.k.Row(b, g, 0), views.k.dtype, views.k.ss, f.k_rows},
                KvRows{views.v.Row(b, g, 0), views.v.dtype, views.v.ss, f.v_rows},
                OutRows{views.out.Row(b, h, i0), views.out.dtype, views.out.ss},
-               rows};
+               rows,
+               b,
+               h,
+               i0};
 }
+
+constexpr float kLog2e = 1.44269504088896341f;
 
 // The block's rows, final (partial == nullptr) or as partial records.
 inline void EndBlock(const AttnDims& a, const Block& blk, float* HWY_RESTRICT partial) {
-  FinishRows(blk.rows, a.head_dim, blk.f.acc, blk.f.m, blk.f.l, blk.f.bad, blk.out, partial);
+  float sinks2[kQueryBlock];
+  const bool sinks = partial == nullptr && a.opt != nullptr && a.opt->sinks != nullptr;
+  for (size_t r = 0; sinks && r < blk.rows; ++r) {
+    sinks2[r] = kLog2e * a.opt->sinks[a.query_head(blk.h, blk.i0 + r)];
+  }
+  FinishRows(blk.rows, a.head_dim, blk.f.acc, blk.f.m, blk.f.l, blk.f.bad, blk.out, partial,
+             sinks ? sinks2 : nullptr);
+}
+
+// tanh(x) = sign(x) (1 - e) / (1 + e), e = 2^(-2 log2(e) |x|) in (0, 1]: one
+// exponential of a non-positive argument.  Absolute error within a few
+// float epsilons (tests/error_bounds.cc: the softcap term).  NaN stays NaN;
+// +-inf gives +-1.
+template <class D, class V>
+HWY_INLINE V TanhByExp2(D d, V x) {
+  const V e = Exp2NonPositive(d, hn::Mul(hn::Abs(x), hn::Set(d, -2.0f * kLog2e)));
+  const V one = hn::Set(d, 1.0f);
+  const V t = hn::Div(hn::Sub(one, e), hn::Add(one, e));
+  return hn::CopySign(t, x);
+}
+
+// What one query row adds to its scores (softcap, ALiBi, bias), the scores
+// in base 2 (s log2(e)): cap2 = softcap log2(e), slope2 = slope log2(e).
+struct RowExtras {
+  float cap2 = 0.0f;
+  float slope2 = 0.0f;
+  float pos = 0.0f;           // the row's position
+  const char* bias = nullptr; // the row's bias at key 0, or null
+  DType bias_dtype = DType::kF32;
+};
+
+inline RowExtras ExtrasOf(const AttnDims& a, size_t b, size_t h, size_t i) {
+  RowExtras x;
+  const AttnOptions& o = *a.opt;
+  x.cap2 = o.softcap * kLog2e;
+  if (o.slopes != nullptr) x.slope2 = o.slopes[a.query_head(h, i)] * kLog2e;
+  x.pos = static_cast<float>(a.position(i));
+  if (o.has_bias) {
+    x.bias = o.bias.Row(b, h, i);
+    x.bias_dtype = o.bias.dtype;
+  }
+  return x;
+}
+
+// s[j] for keys j0 + j, j < n, of one row: the scores with the row's
+// extras applied, in the API's order (softcap, then ALiBi, then bias).
+inline void AddRowExtras(const RowExtras& x, size_t j0, size_t n, float* HWY_RESTRICT s) {
+  if (x.cap2 > 0.0f) {
+    const float inv = 1.0f / x.cap2;
+    ForEachVector(n, [&](auto d, size_t j) {
+      const auto t = TanhByExp2(d, hn::Mul(hn::LoadU(d, s + j), hn::Set(d, inv)));
+      hn::StoreU(hn::Mul(t, hn::Set(d, x.cap2)), d, s + j);
+    });
+  }
+  if (x.slope2 != 0.0f) {
+    // slope (j - p): j - p exact in f32 (|j|, |p| < 2^24).
+    ForEachVector(n, [&](auto d, size_t j) {
+      const hn::RebindToSigned<decltype(d)> di;
+      const auto key = hn::ConvertTo(d, hn::Iota(di, static_cast<int32_t>(j0 + j)));
+      const auto dist = hn::Sub(key, hn::Set(d, x.pos));
+      hn::StoreU(hn::MulAdd(hn::Set(d, x.slope2), dist, hn::LoadU(d, s + j)), d, s + j);
+    });
+  }
+  if (x.bias != nullptr) {
+    WithElementType(x.bias_dtype, x.bias, [&](const auto* bias) {
+      const auto* HWY_RESTRICT row = bias + j0;
+      ForEachVector(n, [&](auto d, size_t j) {
+        hn::StoreU(hn::MulAdd(LoadF32(d, row + j), hn::Set(d, kLog2e), hn::LoadU(d, s + j)), d,
+                   s + j);
+      });
+    });
+  }
+}
+
+// The block paths' S^T tile (s_t[j][r], keys j0 + j, j < nj, rows r <
+// rows, rows along the lanes, cols = whole vectors of them): the rows'
+// extras applied.  The per-lane slopes and positions are in f.slope_t and
+// f.pos_t (BlockExtrasSetUp); a bias tile is transposed into f.bias_t.
+inline void BlockExtrasSetUp(const AttnDims& a, const Block& blk) {
+  const FlashScratch& f = blk.f;
+  const size_t cols = QueryColumns(blk.rows);
+  for (size_t r = 0; r < cols; ++r) {
+    const bool row = r < blk.rows;
+    f.slope_t[r] = row && a.opt->slopes != nullptr
+                       ? a.opt->slopes[a.query_head(blk.h, blk.i0 + r)] * kLog2e
+                       : 0.0f;
+    f.pos_t[r] = row ? static_cast<float>(a.position(blk.i0 + r)) : 0.0f;
+  }
+}
+
+inline void AddTileExtras(const AttnDims& a, const Block& blk, size_t j0, size_t nj,
+                          float* HWY_RESTRICT s_t, size_t ldw) {
+  const AttnOptions& o = *a.opt;
+  const FlashScratch& f = blk.f;
+  const size_t cols = QueryColumns(blk.rows);
+  const hn::ScalableTag<float> d;
+  const size_t N = hn::Lanes(d);
+  if (o.softcap > 0.0f) {
+    const auto cap2 = hn::Set(d, o.softcap * kLog2e), inv = hn::Set(d, 1.0f / (o.softcap * kLog2e));
+    for (size_t j = 0; j < nj; ++j) {
+      for (size_t c = 0; c < cols; c += N) {
+        float* HWY_RESTRICT p = s_t + j * ldw + c;
+        hn::StoreU(hn::Mul(TanhByExp2(d, hn::Mul(hn::LoadU(d, p), inv)), cap2), d, p);
+      }
+    }
+  }
+  if (o.slopes != nullptr) {
+    for (size_t j = 0; j < nj; ++j) {
+      const auto key = hn::Set(d, static_cast<float>(j0 + j));
+      for (size_t c = 0; c < cols; c += N) {
+        float* HWY_RESTRICT p = s_t + j * ldw + c;
+        const auto dist = hn::Sub(key, hn::LoadU(d, f.pos_t + c));
+        hn::StoreU(hn::MulAdd(hn::LoadU(d, f.slope_t + c), dist, hn::LoadU(d, p)), d, p);
+      }
+    }
+  }
+  if (o.has_bias) {
+    // The rows' bias rows are one stride apart: the query rows' (ss), or
+    // the heads' where the rows are heads (GroupDecodeHeads regroups it).
+    const size_t rows = blk.rows;
+    const char* row0 = o.bias.Row(blk.b, blk.h, blk.i0);
+    const size_t ld = o.bias.ss;
+    if (ld == 0 || rows == 1) {  // one row for all: broadcast along the lanes
+      WithElementType(o.bias.dtype, row0, [&](const auto* bias) {
+        const hn::CappedTag<float, 1> d1;
+        for (size_t j = 0; j < nj; ++j) {
+          const auto add = hn::Set(d, kLog2e * hn::GetLane(LoadF32(d1, bias + j0 + j)));
+          for (size_t c = 0; c < cols; c += N) {
+            float* HWY_RESTRICT p = s_t + j * ldw + c;
+            hn::StoreU(hn::Add(hn::LoadU(d, p), add), d, p);
+          }
+        }
+      });
+      return;
+    }
+    const float* src;
+    size_t lds;
+    if (o.bias.IsF32()) {
+      src = reinterpret_cast<const float*>(row0) + j0;
+      lds = ld;
+    } else {
+      WidenRows(row0 + j0 * DTypeBytes(o.bias.dtype), o.bias.dtype, ld, rows, nj, f.bias_rows,
+                kKeyTile);
+      src = f.bias_rows;
+      lds = kKeyTile;
+    }
+    TransposeScaledPadded(src, rows, nj, lds, kLog2e, f.bias_t, ldw, cols);
+    for (size_t j = 0; j < nj; ++j) {
+      for (size_t c = 0; c < cols; c += N) {
+        float* HWY_RESTRICT p = s_t + j * ldw + c;
+        hn::StoreU(hn::Add(hn::LoadU(d, p), hn::LoadU(d, f.bias_t + j * ldw + c)), d, p);
+      }
+    }
+  }
 }
 
 }  // namespace HWY_NAMESPACE

@@ -239,19 +239,22 @@ HWY_INLINE TileStep RowTileSoftmax(float* HWY_RESTRICT s_row, size_t nj, float* 
 }
 
 // A block whose rows each run alone (the decode rows, the stream): for each
-// row r, row(blk, q_r, visible_r, acc_r, &m_r, &l_r, &bad_r) adds the row's
-// keys into its accumulator, zeroed first.
+// row r, row(blk, r, q_r, begin_r, visible_r, acc_r, &m_r, &l_r, &bad_r)
+// adds the row's keys [begin_r, min(visible_r, key_end)) into its
+// accumulator, zeroed first (begin_r: key_begin, or the row's sliding
+// window's first key past it).
 template <class Row>
 HWY_INLINE void RowsOneByOne(const AttnDims& a, const AttnViews& views, size_t b, size_t h,
-                             size_t i0, size_t i1, float* HWY_RESTRICT partial,
+                             size_t i0, size_t i1, size_t key_begin, float* HWY_RESTRICT partial,
                              float* HWY_RESTRICT scratch, const Row& row) {
   const Block blk = StartBlock(a, views, b, h, i0, i1, scratch);
   const FlashScratch& f = blk.f;
   const size_t L = a.head_dim;
   Fill(f.acc, blk.rows * L, 0.0f);
   for (size_t r = 0; r < blk.rows; ++r) {
-    row(blk, blk.q + r * blk.ldq, a.visible_keys(i0 + r), f.acc + r * L, f.m + r, f.l + r,
-        f.bad + r);
+    const size_t begin = HWY_MAX(key_begin, a.first_key(i0 + r));
+    row(blk, r, blk.q + r * blk.ldq, begin, a.visible_keys(i0 + r), f.acc + r * L, f.m + r,
+        f.l + r, f.bad + r);
   }
   EndBlock(a, blk, partial);
 }

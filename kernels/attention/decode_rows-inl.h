@@ -468,7 +468,8 @@ HWY_NOINLINE void FlashAttentionRowByDot(const AttnDims& a, const float* HWY_RES
                                          const TV* HWY_RESTRICT v_g, size_t ldv,
                                          size_t visible, size_t key_begin, size_t key_end,
                                          float* HWY_RESTRICT acc, float* m, float* l,
-                                         float* bad, float* HWY_RESTRICT s_row) {
+                                         float* bad, float* HWY_RESTRICT s_row,
+                                         const RowExtras* extras, size_t key_base) {
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   const size_t L = a.head_dim;
   const size_t end = visible < key_end ? visible : key_end;
@@ -488,6 +489,7 @@ HWY_NOINLINE void FlashAttentionRowByDot(const AttnDims& a, const float* HWY_RES
       }
       s_row[j] = scale2 * Dot(q_i, k_tile + j * ldk, L);
     }
+    if (extras != nullptr) AddRowExtras(*extras, key_base + j0, nj, s_row);
     float correction;
     const TileStep step = RowTileSoftmax(s_row, nj, m, l, bad, &correction);
     if (step == TileStep::kBad) return;
@@ -503,13 +505,13 @@ HWY_NOINLINE void FlashAttentionRowByDot(const AttnDims& a, const float* HWY_RES
 inline void RowByDot(const AttnDims& a, const float* HWY_RESTRICT q_i, const KvRows& k_g,
                      const KvRows& v_g, size_t visible, size_t key_begin, size_t key_end,
                      float* HWY_RESTRICT acc, float* m, float* l, float* bad,
-                     float* HWY_RESTRICT s_row) {
+                     float* HWY_RESTRICT s_row, const RowExtras* extras) {
   if (k_g.dtype == v_g.dtype) {
     WithElementType(k_g.dtype, k_g.base, [&](const auto* k) {
       using T = std::remove_cv_t<std::remove_pointer_t<decltype(k)>>;
       const T* v = reinterpret_cast<const T*>(v_g.base);
       FlashAttentionRowByDot(a, q_i, k, k_g.stride, v, v_g.stride, visible, key_begin,
-                             key_end, acc, m, l, bad, s_row);
+                             key_end, acc, m, l, bad, s_row, extras, 0);
     });
     return;
   }
@@ -519,7 +521,8 @@ inline void RowByDot(const AttnDims& a, const float* HWY_RESTRICT q_i, const KvR
     size_t ldk, ldv;
     const float* HWY_RESTRICT k_tile = k_g.Tile(j0, nj, L, &ldk);
     const float* HWY_RESTRICT v_tile = v_g.Tile(j0, nj, L, &ldv);
-    FlashAttentionRowByDot(a, q_i, k_tile, ldk, v_tile, ldv, nj, 0, nj, acc, m, l, bad, s_row);
+    FlashAttentionRowByDot(a, q_i, k_tile, ldk, v_tile, ldv, nj, 0, nj, acc, m, l, bad, s_row,
+                           extras, j0);
   }
 }
 
@@ -528,11 +531,13 @@ HWY_NOINLINE void AttentionRowDotBlock(const AttnDims& a, const AttnViews& views
                                        size_t h, size_t i0, size_t i1, size_t key_begin,
                                        size_t key_end, float* HWY_RESTRICT partial,
                                        float* HWY_RESTRICT scratch) {
-  RowsOneByOne(a, views, b, h, i0, i1, partial, scratch,
-               [&](const Block& blk, const float* HWY_RESTRICT q_r, size_t visible,
-                   float* HWY_RESTRICT acc, float* m, float* l, float* bad) {
-                 RowByDot(a, q_r, blk.k, blk.v, visible, key_begin, key_end, acc, m, l, bad,
-                          blk.f.s_row);
+  RowsOneByOne(a, views, b, h, i0, i1, key_begin, partial, scratch,
+               [&](const Block& blk, size_t r, const float* HWY_RESTRICT q_r, size_t begin,
+                   size_t visible, float* HWY_RESTRICT acc, float* m, float* l, float* bad) {
+                 RowExtras x;
+                 if (AddsToScores(a)) x = ExtrasOf(a, b, h, i0 + r);
+                 RowByDot(a, q_r, blk.k, blk.v, visible, begin, key_end, acc, m, l, bad,
+                          blk.f.s_row, AddsToScores(a) ? &x : nullptr);
                });
 }
 
@@ -544,14 +549,14 @@ HWY_NOINLINE void AttentionRowShiftedBlock(const AttnDims& a, const AttnViews& v
                                            size_t key_end, float* HWY_RESTRICT partial,
                                            float* HWY_RESTRICT scratch) {
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
-  RowsOneByOne(a, views, b, h, i0, i1, partial, scratch,
-               [&](const Block& blk, const float* HWY_RESTRICT q_r, size_t visible,
-                   float* HWY_RESTRICT acc, float* m, float* l, float* bad) {
+  RowsOneByOne(a, views, b, h, i0, i1, key_begin, partial, scratch,
+               [&](const Block& blk, size_t, const float* HWY_RESTRICT q_r, size_t begin,
+                   size_t visible, float* HWY_RESTRICT acc, float* m, float* l, float* bad) {
                  const size_t L = a.head_dim;
                  const ShiftedRows k(reinterpret_cast<const float*>(blk.k.base), blk.k.stride, L);
                  const ShiftedRows v(reinterpret_cast<const float*>(blk.v.base), blk.v.stride, L);
-                 FlashAttentionRowByDotShifted(a, q_r, k, v, visible, key_begin, key_end, acc, m,
-                                               l, bad, blk.f.s_row);
+                 FlashAttentionRowByDotShifted(a, q_r, k, v, visible, begin, key_end, acc, m, l,
+                                               bad, blk.f.s_row);
                });
 #else
   AttentionRowDotBlock(a, views, b, h, i0, i1, key_begin, key_end, partial, scratch);

@@ -306,15 +306,15 @@ HWY_NOINLINE void AttentionRowStreamBlock(const AttnDims& a, const AttnViews& vi
                                           size_t h, size_t i0, size_t i1, size_t key_begin,
                                           size_t key_end, float* HWY_RESTRICT partial,
                                           float* HWY_RESTRICT scratch) {
-  RowsOneByOne(a, views, b, h, i0, i1, partial, scratch,
-               [&](const Block& blk, const float* HWY_RESTRICT q_r, size_t visible,
-                   float* HWY_RESTRICT acc, float* m, float* l, float* bad) {
+  RowsOneByOne(a, views, b, h, i0, i1, key_begin, partial, scratch,
+               [&](const Block& blk, size_t, const float* HWY_RESTRICT q_r, size_t begin,
+                   size_t visible, float* HWY_RESTRICT acc, float* m, float* l, float* bad) {
                  const size_t end = visible < key_end ? visible : key_end;
                  WithElementType(blk.k.dtype, blk.k.base, [&](const auto* k) {
                    using T = std::remove_cv_t<std::remove_pointer_t<decltype(k)>>;
                    const T* v = reinterpret_cast<const T*>(blk.v.base);
-                   RowStream(a, q_r, k, blk.k.stride, v, blk.v.stride, key_begin, end, acc, m, l,
-                             bad);
+                   RowStream(a, q_r, k, blk.k.stride, v, blk.v.stride, begin, HWY_MAX(begin, end),
+                             acc, m, l, bad);
                  });
                });
 }

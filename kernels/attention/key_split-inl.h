@@ -21,8 +21,10 @@ namespace HWY_NAMESPACE {
 // (m in base 2, as the kernels carry the scores).  rec: the row's record of
 // the first split, the next split's `split_stride` floats further.  A NaN m
 // marks a NaN row.
+// sink2: the row's sink (base 2) as one more term of the denominator, or
+// -inf for none.
 inline void MergeKeySplitsRow(size_t L, const float* HWY_RESTRICT rec0, size_t split_stride,
-                              size_t splits, float* HWY_RESTRICT o_r) {
+                              size_t splits, float* HWY_RESTRICT o_r, float sink2) {
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   float m_all = kNegInf;
   bool nan = false;
@@ -33,7 +35,8 @@ inline void MergeKeySplitsRow(size_t L, const float* HWY_RESTRICT rec0, size_t s
   }
   Fill(o_r, L, nan ? std::numeric_limits<float>::quiet_NaN() : 0.0f);
   if (nan || m_all == kNegInf) return;  // NaN row, or a row that saw no key
-  float l_all = 0.0f;
+  m_all = HWY_MAX(m_all, sink2);
+  float l_all = sink2 == kNegInf ? 0.0f : std::exp2(sink2 - m_all);
   for (size_t c = 0; c < splits; ++c) {
     const float* HWY_RESTRICT rec = rec0 + c * split_stride;
     if (rec[L] == kNegInf) continue;
@@ -56,7 +59,10 @@ inline void MergeKeySplits(const AttnDims& a, const float* HWY_RESTRICT partials
   for (size_t r = 0; r < rows; ++r) {
     float* HWY_RESTRICT o_r =
         out.IsF32() ? reinterpret_cast<float*>(out.Row(b, h, i0 + r)) : scratch;
-    MergeKeySplitsRow(L, partials + r * stride, rows * stride, splits, o_r);
+    const float sink2 = a.opt != nullptr && a.opt->sinks != nullptr
+                            ? 1.44269504088896341f * a.opt->sinks[a.query_head(h, i0 + r)]
+                            : -std::numeric_limits<float>::infinity();
+    MergeKeySplitsRow(L, partials + r * stride, rows * stride, splits, o_r, sink2);
     if (!out.IsF32()) StoreRow(o_r, L, out.Row(b, h, i0 + r), out.dtype);
   }
 }

@@ -44,6 +44,8 @@ HWY_NOINLINE void AttentionTilesBlock(const AttnDims& a, const AttnViews& views,
   const float scale2 = Base2Scale(a);
   TransposeScaledPadded(q_blk, rows, L, ldq, scale2, f.q_t, ldw, cols);
 
+  const bool extras = AddsToScores(a);
+  if (extras) BlockExtrasSetUp(a, blk);
   const size_t last_visible = a.visible_keys(i1 - 1);
   const size_t keys_needed = last_visible < key_end ? last_visible : key_end;
   size_t keys[kQueryBlock];
@@ -52,11 +54,7 @@ HWY_NOINLINE void AttentionTilesBlock(const AttnDims& a, const AttnViews& views,
   bool first = true;
   for (size_t j0 = key_begin; j0 < keys_needed; j0 += kKeyTile) {
     const size_t nj = keys_needed - j0 < kKeyTile ? keys_needed - j0 : kKeyTile;
-    if (j0 + nj < keys_needed) {
-      const size_t next = HWY_MIN(kKeyTile, keys_needed - j0 - nj);
-      k_g.PrefetchTile(j0 + nj, next, L);
-      v_g.PrefetchTile(j0 + nj, next, L);
-    }
+    PrefetchNextTiles(k_g, v_g, j0 + nj, keys_needed, L);
     // S^T[j][r] = K[j0 + j] . (scale log2(e) Q[i0 + r])
     size_t ldk;
     const float* HWY_RESTRICT k_tile = k_g.Tile(j0, nj, L, &ldk);
@@ -85,11 +83,18 @@ HWY_NOINLINE void AttentionTilesBlock(const AttnDims& a, const AttnViews& views,
 #else
     if (!tiled_4x3) MatMul(nj, cols, L, k_tile, ldk, f.q_t, ldw, store_s);
 #endif
-    // Keys of this tile each row sees; on the causal diagonal the rest are -inf.
+    if (extras) AddTileExtras(a, blk, j0, nj, f.s_t, ldw);
+    // Keys of this tile each row sees; on the causal diagonal the rest are
+    // -inf, as are those before a sliding window.
     for (size_t r = 0; r < rows; ++r) {
       const size_t visible = a.visible_keys(i0 + r);
       keys[r] = visible <= j0 ? 0 : (visible - j0 < nj ? visible - j0 : nj);
       for (size_t j = keys[r]; j < nj; ++j) f.s_t[j * ldw + r] = kNegInf;
+      if (a.window != 0) {
+        const size_t first = a.first_key(i0 + r);
+        const size_t before = first <= j0 ? 0 : HWY_MIN(first - j0, keys[r]);
+        for (size_t j = 0; j < before; ++j) f.s_t[j * ldw + r] = kNegInf;
+      }
     }
 
     // Online softmax down the keys, all query rows at once along the lanes.

@@ -26,7 +26,7 @@ namespace HWY_NAMESPACE {
 // kKeyTile apart, in s_t.
 inline void FlashAttentionRowsByKeys(const AttnDims& a, const float* HWY_RESTRICT q_blk,
                                      size_t ldq, const KvRows& k_g, const KvRows& v_g,
-                                     size_t i0, size_t rows,
+                                     size_t b, size_t h, size_t i0, size_t rows,
                                      size_t key_begin, size_t key_end, const FlashScratch& f) {
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   const size_t L = a.head_dim, ld = kKeyTile;
@@ -40,11 +40,7 @@ inline void FlashAttentionRowsByKeys(const AttnDims& a, const float* HWY_RESTRIC
   for (size_t j0 = key_begin; j0 < keys_needed; j0 += kKeyTile) {
     const size_t nj = keys_needed - j0 < kKeyTile ? keys_needed - j0 : kKeyTile;
     const size_t cols = RoundUpToVectors(nj, N);  // whole vectors; K^T is zero past nj
-    if (j0 + nj < keys_needed) {
-      const size_t next = HWY_MIN(kKeyTile, keys_needed - j0 - nj);
-      k_g.PrefetchTile(j0 + nj, next, L);
-      v_g.PrefetchTile(j0 + nj, next, L);
-    }
+    PrefetchNextTiles(k_g, v_g, j0 + nj, keys_needed, L);
     size_t ldk;
     const float* HWY_RESTRICT k_tile = k_g.Tile(j0, nj, L, &ldk);
     TransposeScaledPadded(k_tile, nj, L, ldk, scale2, f.k_t, ld, cols);
@@ -56,6 +52,12 @@ inline void FlashAttentionRowsByKeys(const AttnDims& a, const float* HWY_RESTRIC
       const size_t visible = a.visible_keys(i0 + r);
       keys[r] = visible <= j0 ? 0 : (visible - j0 < nj ? visible - j0 : nj);
       float* HWY_RESTRICT s_r = f.s_t + r * ld;
+      if (AddsToScores(a)) AddRowExtras(ExtrasOf(a, b, h, i0 + r), j0, keys[r], s_r);
+      if (a.window != 0) {  // keys before the row's window
+        const size_t first = a.first_key(i0 + r);
+        const size_t before = first <= j0 ? 0 : HWY_MIN(first - j0, keys[r]);
+        for (size_t j = 0; j < before; ++j) s_r[j] = kNegInf;
+      }
       const float tile_max = RowMax(s_r, keys[r]);  // -inf for no key
       if (!(tile_max < -kNegInf)) f.bad[r] = 1.0f;   // NaN or +inf
       const float m_new = HWY_MAX(f.m[r], tile_max);
@@ -83,8 +85,8 @@ HWY_NOINLINE void AttentionRowsByKeysBlock(const AttnDims& a, const AttnViews& v
                                            size_t key_end, float* HWY_RESTRICT partial,
                                            float* HWY_RESTRICT scratch) {
   const Block blk = StartBlock(a, views, b, h, i0, i1, scratch);
-  FlashAttentionRowsByKeys(a, blk.q, blk.ldq, blk.k, blk.v, i0, blk.rows, key_begin, key_end,
-                           blk.f);
+  FlashAttentionRowsByKeys(a, blk.q, blk.ldq, blk.k, blk.v, b, h, i0, blk.rows, key_begin,
+                           key_end, blk.f);
   EndBlock(a, blk, partial);
 }
 
