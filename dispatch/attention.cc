@@ -2,7 +2,9 @@
 // head packing or key splits, whether K/V come from memory) and runs its
 // blocks of query rows on the paths the table of dispatch/attention_paths.cc
 // picks.  Compiled once; the kernels are in dispatch/attention_*.cc.
+#include <algorithm>
 #include <atomic>
+#include <vector>
 #include <stdint.h>
 #include <string.h>
 #include <unistd.h>
@@ -46,13 +48,15 @@ size_t LastLevelCacheBytes() {
 // prefetch is what keeps the step at the read bandwidth (18-19 ms with it,
 // 25-28 ms without).
 // (testing::SetKvInCacheBytes overrides the threshold.)
-bool KvFromMemory(const AttnDims& a, const AttnViews& views) {
-  const size_t bytes = a.batch * a.kv_heads * a.seq_kv * a.head_dim *
-                       (DTypeBytes(views.k.dtype) + DTypeBytes(views.v.dtype));
+bool KvBytesFromMemory(size_t bytes) {
   const size_t set = KvInCacheBytes();
   if (set != testing::kKvInCacheAuto) return bytes > set;
   const size_t cache = LastLevelCacheBytes();
   return cache == 0 || bytes > HWY_MIN(cache / 2, size_t{16} << 20);
+}
+bool KvFromMemory(const AttnDims& a, const AttnViews& views) {
+  return KvBytesFromMemory(a.batch * a.kv_heads * a.seq_kv * a.head_dim *
+                           (DTypeBytes(views.k.dtype) + DTypeBytes(views.v.dtype)));
 }
 
 // How a one-row decode over 16-bit K/V from memory (f32 K/V too, where it
@@ -233,6 +237,160 @@ headsum_status Attention(const AttnDims& dims, const AttnViews& views) {
                          attn::MergeKeySplits(t.index, a, partials + bh * splits * per_split,
                                               splits, views.out, bh / a.heads, bh % a.heads, 0,
                                               a.seq_q, scratch);
+                       });
+}
+
+namespace {
+
+// One sequence of a paged call as a dense call of batch 1 (grouped heads
+// for a GQA decode step), and where its work items and partials start.
+struct PagedSeq {
+  AttnDims a;
+  AttnViews views;
+  AttnOptions opt, grouped_opt;
+  size_t keys_lo, splits, blocks;  // key range start, key splits, row blocks a head
+  size_t partials;                  // its first partial record's offset (splits > 1)
+};
+
+// A work item: row block `block` of head h of sequence seq, key split c.
+struct PagedItem {
+  uint32_t seq, h, block, c;
+  uint64_t cost;  // rows x keys, to hand the longest out first
+};
+
+}  // namespace
+
+headsum_status AttentionPaged(const PagedBatch& p, size_t window, const AttnOptions* opt,
+                              const TensorView& q, const TensorView& out) {
+  // Kept per thread between calls (grow-only): no allocation once warm.
+  // (Named through references: the threads' lambdas below must see the
+  // calling thread's vectors, not their own thread_local ones.)
+  thread_local std::vector<PagedSeq> kept_seqs;
+  thread_local std::vector<PagedItem> kept_items;
+  std::vector<PagedSeq>& seqs = kept_seqs;
+  std::vector<PagedItem>& items = kept_items;
+  seqs.clear();
+  seqs.reserve(p.batch);  // a.opt points into seqs' elements: no reallocation below
+  items.clear();
+  size_t kv_bytes = 0;
+  for (size_t b = 0; b < p.batch; ++b) {
+    kv_bytes += static_cast<size_t>(p.kv_lens[b]) * p.kv_heads * p.head_dim *
+                (DTypeBytes(p.k.dtype) + DTypeBytes(p.v.dtype));
+  }
+  const bool from_memory = KvBytesFromMemory(kv_bytes);
+  const RowStreamKind stream = RowStreamFor();
+  const AttnTarget t = AttnTargetOf(ActiveTarget());
+  size_t scratch = 0, partial_floats = 0;
+  for (size_t b = 0; b < p.batch; ++b) {
+    const size_t rows = static_cast<size_t>(p.q_offsets[b + 1] - p.q_offsets[b]);
+    if (rows == 0) continue;
+    seqs.emplace_back();
+    PagedSeq& s = seqs.back();
+    AttnDims& a = s.a;
+    a = AttnDims{};
+    a.batch = 1;
+    a.heads = p.heads;
+    a.kv_heads = p.kv_heads;
+    a.seq_q = rows;
+    a.seq_kv = static_cast<size_t>(p.kv_lens[b]);
+    a.head_dim = p.head_dim;
+    a.scale = p.scale;
+    a.causal = p.causal;
+    a.window = window;
+    a.prefetch_kv = from_memory;
+    a.row_stream = stream != RowStreamKind::kTiles;
+    a.stream_key_by_key = stream == RowStreamKind::kKeyByKey;
+    if (opt != nullptr) {  // the bias's rows of this sequence: [b][h][i][j]
+      s.opt = *opt;
+      s.opt.bias.data = s.opt.has_bias ? s.opt.bias.Row(b, 0, 0) : nullptr;
+      s.opt.bias.sb = 0;
+      a.opt = &s.opt;
+    }
+    AttnViews& v = s.views;
+    v.q = q;
+    v.q.data = q.Row(0, 0, static_cast<size_t>(p.q_offsets[b]));
+    v.out = out;
+    v.out.data = out.Row(0, 0, static_cast<size_t>(p.q_offsets[b]));
+    v.k = p.k;
+    v.v = p.v;
+    v.pages = KvPages{p.block_table + b * p.blocks_per_seq, p.block_rows, p.block_stride};
+    if (rows == 1 && a.group() > 1) {
+      AttnDims grouped;
+      AttnViews g;
+      GroupDecodeHeads(a, v, &grouped, &g, &s.grouped_opt);
+      if (grouped.opt != nullptr) grouped.opt = &s.grouped_opt;
+      a = grouped;
+      v = g;
+    }
+    s.keys_lo = a.first_key(0);
+    const size_t keys_hi = a.visible_keys(a.seq_q - 1);
+    const size_t span = keys_hi > s.keys_lo ? keys_hi - s.keys_lo : 0;
+    s.splits = a.seq_q <= kAttentionQueryBlock && span >= 2 * kKeySplit
+                   ? (span + kKeySplit - 1) / kKeySplit : 1;
+    s.blocks = (a.seq_q + kAttentionQueryBlock - 1) / kAttentionQueryBlock;
+    s.partials = partial_floats;
+    if (s.splits > 1) partial_floats += a.heads * s.splits * a.seq_q * (a.head_dim + 2);
+    scratch = HWY_MAX(scratch, attn::ScratchFloats(t.index, a, v));
+    const uint32_t seq = static_cast<uint32_t>(seqs.size() - 1);
+    for (size_t h = 0; h < a.heads; ++h) {
+      for (size_t blk = 0; blk < s.blocks; ++blk) {
+        const size_t i1 = HWY_MIN(a.seq_q, (blk + 1) * kAttentionQueryBlock);
+        const size_t keys = HWY_MIN(a.visible_keys(i1 - 1), span) / s.splits + 1;
+        for (size_t c = 0; c < s.splits; ++c) {
+          items.push_back(PagedItem{seq, static_cast<uint32_t>(h), static_cast<uint32_t>(blk),
+                                    static_cast<uint32_t>(c),
+                                    static_cast<uint64_t>(i1 - blk * kAttentionQueryBlock) * keys});
+        }
+      }
+    }
+  }
+  // Longest first, so that threads over sequences of very different
+  // lengths finish together (the bits do not depend on the order).
+  std::stable_sort(items.begin(), items.end(),
+                   [](const PagedItem& x, const PagedItem& y) { return x.cost > y.cost; });
+  hwy::AlignedFreeUniquePtr<float[]> fresh;
+  float* partials = nullptr;
+  if (partial_floats != 0) {
+    partials = CallBuffer(CachedBuffer::kPartials, partial_floats, &fresh);
+    if (partials == nullptr) return HEADSUM_ERR_OUT_OF_MEMORY;
+  }
+  if (headsum_status st = ParallelItems(items.size(), scratch, [&](size_t n, float* scratch) {
+        const PagedItem& it = items[n];
+        const PagedSeq& s = seqs[it.seq];
+        const AttnDims& a = s.a;
+        const size_t i0 = it.block * kAttentionQueryBlock;
+        const size_t i1 = HWY_MIN(a.seq_q, i0 + kAttentionQueryBlock);
+        if (s.splits == 1) {
+          RunAttentionBlock(t, a, s.views, 0, it.h, i0, i1, 0, a.seq_kv, nullptr, scratch);
+          return;
+        }
+        const size_t per_split = a.seq_q * (a.head_dim + 2);
+        const size_t key_begin = s.keys_lo + it.c * kKeySplit;
+        const size_t key_end = HWY_MIN(key_begin + kKeySplit, a.seq_kv);
+        RunAttentionBlock(t, a, s.views, 0, it.h, 0, a.seq_q, key_begin, key_end,
+                          partials + s.partials + (it.h * s.splits + it.c) * per_split,
+                          scratch);
+      })) {
+    return st;
+  }
+  if (partial_floats == 0) return HEADSUM_OK;
+  // The split heads' partials merged in key order.
+  items.clear();
+  for (size_t n = 0; n < seqs.size(); ++n) {
+    if (seqs[n].splits == 1) continue;
+    for (size_t h = 0; h < seqs[n].a.heads; ++h) {
+      items.push_back(PagedItem{static_cast<uint32_t>(n), static_cast<uint32_t>(h), 0, 0, 0});
+    }
+  }
+  return ParallelItems(items.size(), attn::MergeScratchFloats(t.index, seqs[0].a),
+                       [&](size_t n, float* scratch) {
+                         const PagedSeq& s = seqs[items[n].seq];
+                         const size_t per_split = s.a.seq_q * (s.a.head_dim + 2);
+                         attn::MergeKeySplits(t.index, s.a,
+                                              partials + s.partials +
+                                                  items[n].h * s.splits * per_split,
+                                              s.splits, s.views.out, 0, items[n].h, 0,
+                                              s.a.seq_q, scratch);
                        });
 }
 

@@ -51,6 +51,38 @@ headsum_status Convert(const size_t dims[4], const TensorView& src, const Tensor
   });
 }
 
+headsum_status PagedKvWrite(const PagedBatch& p, const TensorView& k_new,
+                            const TensorView& v_new) {
+  const auto kernel = HWY_DISPATCH_TABLE(ConvertRows)[TableIndex(ActiveTarget())];
+  const size_t elem = DTypeBytes(p.k.dtype);
+  // Sequence by sequence, its new rows block by block: each run of slots
+  // `slot stride` apart is one [1][Hkv][n][L] conversion.
+  for (size_t b = 0; b < p.batch; ++b) {
+    const size_t t0 = static_cast<size_t>(p.q_offsets[b]);
+    const size_t n = static_cast<size_t>(p.q_offsets[b + 1]) - t0;
+    const size_t first = static_cast<size_t>(p.kv_lens[b]) - n;
+    const int32_t* table = p.block_table + b * p.blocks_per_seq;
+    for (size_t i = 0; i < n;) {
+      const size_t pos = first + i;
+      const size_t run = HWY_MIN(n - i, p.block_rows - pos % p.block_rows);
+      const size_t offset = static_cast<size_t>(table[pos / p.block_rows]) * p.block_stride +
+                            (pos % p.block_rows) * p.k.ss;
+      const size_t dims[4] = {1, p.kv_heads, run, p.head_dim};
+      for (int kv = 0; kv < 2; ++kv) {
+        const TensorView& src_all = kv == 0 ? k_new : v_new;
+        const TensorView& pool = kv == 0 ? p.k : p.v;
+        TensorView src = src_all, dst = pool;
+        src.data = src_all.Row(0, 0, t0 + i);
+        dst.data = static_cast<char*>(pool.data) + offset * elem;
+        dst.sb = 0;
+        kernel(dims, src, dst, 0, p.kv_heads * run);
+      }
+      i += run;
+    }
+  }
+  return HEADSUM_OK;
+}
+
 }  // namespace dispatch
 }  // namespace headsum
 #endif  // HWY_ONCE

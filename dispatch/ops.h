@@ -20,6 +20,29 @@ headsum_status Attention(const AttnDims& a, const float* q, const float* k, cons
 // Attention on validated strided views of any dtype.
 headsum_status Attention(const AttnDims& a, const AttnViews& views);
 
+// A validated ragged batch over a paged cache (headsum_batch_shape,
+// headsum_paged_kv): the per-sequence row offsets and key counts, the pools
+// as views (k.sh, k.ss: the kv-head and slot strides; data: the pool) and
+// the block table [batch][blocks_per_seq].
+struct PagedBatch {
+  size_t batch, heads, kv_heads, head_dim;
+  float scale;  // resolved
+  bool causal;
+  const int64_t* q_offsets;
+  const int64_t* kv_lens;
+  TensorView k, v;
+  const int32_t* block_table;
+  size_t blocks_per_seq, block_rows, block_stride;  // tokens per block, elements between
+};
+// Each sequence's rows of q ([T][H][L] as a view with sh, ss) over its keys
+// into out, with the window and options (opt null: none).
+headsum_status AttentionPaged(const PagedBatch& p, size_t window, const AttnOptions* opt,
+                              const TensorView& q, const TensorView& out);
+// Each sequence's new K/V rows (views as q) into its last kv_lens[b] - n_b ..
+// kv_lens[b] - 1 slots, converted to the pool's dtype.
+headsum_status PagedKvWrite(const PagedBatch& p, const TensorView& k_new,
+                            const TensorView& v_new);
+
 // y and per_head may each be null (not both); bias, head_gates may be null.
 headsum_status ProjectHeadsSum(const ProjDims& p, const float* heads, const float* wo,
                                const float* bias, const float* head_gates, float* y,

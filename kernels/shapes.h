@@ -5,6 +5,7 @@
 #define HEADSUM_KERNELS_SHAPES_H_
 
 #include <cstddef>
+#include <cstdint>
 
 namespace headsum {
 
@@ -131,10 +132,21 @@ inline size_t WoPanels(size_t model_dim) {
   return (model_dim + kWoPanelCols - 1) / kWoPanelCols;
 }
 
+// A paged K/V (headsum_paged_kv) as the kernels read one sequence's keys:
+// key j of kv head g at k.Row(0, g, 0) + (table[j / rows] * stride + (j %
+// rows) * k.ss) elements (table null: not paged).
+struct KvPages {
+  const int32_t* table = nullptr;  // the sequence's blocks
+  size_t rows = 0;                 // tokens per block
+  size_t stride = 0;               // elements between blocks
+};
+
 // The operands of attention on views: q [B][H][Sq][L], k and v
-// [B][Hkv][Skv][L], out [B][H][Sq][L].
+// [B][Hkv][Skv][L], out [B][H][Sq][L]; k and v of a paged cache read
+// through `pages`.
 struct AttnViews {
   TensorView q, k, v, out;
+  KvPages pages;
 };
 
 // Contiguous f32 [B][H][S][L] as a view.

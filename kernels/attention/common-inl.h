@@ -103,9 +103,11 @@ inline bool QCopied(const char* row0, size_t ld) {
 // place without prefetch): a prefill of several query blocks copies them
 // once per kv head (PackHeadViews), and the rest read them in
 // place, the next tile prefetched (KvRows::PrefetchTile).
-inline bool CopiesKvTile(const TensorView& t, size_t /*L*/) { return !t.IsF32(); }
-inline size_t KvTileFloats(const TensorView& t, size_t rows, size_t L) {
-  return CopiesKvTile(t, L) ? rows * L : 0;
+// Paged rows are gathered into scratch tile by tile (block paths) whatever
+// their dtype.
+inline bool CopiesKvTile(const TensorView& t, bool paged) { return paged || !t.IsF32(); }
+inline size_t KvTileFloats(const TensorView& t, bool paged, size_t rows, size_t L) {
+  return CopiesKvTile(t, paged) ? rows * L : 0;
 }
 // Rows of a widened K or V tile: a dot-path tile when K and V differ in
 // dtype (RowByDot), else a key tile of the block paths (the dot paths read
@@ -124,8 +126,8 @@ inline size_t ScoreExtrasFloats(const AttnDims& a) {
 inline size_t AttentionScratch(const AttnDims& a, const AttnViews& v) {
   const size_t ldw = QueryColumns(kQueryBlock), L = a.head_dim;
   return ldw * L + kKeyTile * ldw + kQueryBlock * L + 4 * ldw + kDotKeyTile + L * kKeyTile +
-         kQueryBlock * L + KvTileFloats(v.k, WidenedKvRows(v), L) +
-         KvTileFloats(v.v, WidenedKvRows(v), L) + ScoreExtrasFloats(a);
+         kQueryBlock * L + KvTileFloats(v.k, v.pages.table != nullptr, WidenedKvRows(v), L) +
+         KvTileFloats(v.v, v.pages.table != nullptr, WidenedKvRows(v), L) + ScoreExtrasFloats(a);
 }
 
 inline FlashScratch CarveFlashScratch(const AttnDims& a, const AttnViews& v, float* scratch) {
@@ -142,10 +144,11 @@ inline FlashScratch CarveFlashScratch(const AttnDims& a, const AttnViews& v, flo
   f.k_t = f.s_row + kDotKeyTile;
   f.q_rows = f.k_t + a.head_dim * kKeyTile;
   f.k_rows = f.q_rows + kQueryBlock * a.head_dim;
-  f.v_rows = f.k_rows + KvTileFloats(v.k, WidenedKvRows(v), a.head_dim);
+  const bool paged = v.pages.table != nullptr;
+  f.v_rows = f.k_rows + KvTileFloats(v.k, paged, WidenedKvRows(v), a.head_dim);
   f.slope_t = f.pos_t = f.bias_t = f.bias_rows = nullptr;
   if (AddsToScores(a)) {
-    f.slope_t = f.v_rows + KvTileFloats(v.v, WidenedKvRows(v), a.head_dim);
+    f.slope_t = f.v_rows + KvTileFloats(v.v, paged, WidenedKvRows(v), a.head_dim);
     f.pos_t = f.slope_t + f.ldw;
     f.bias_t = f.pos_t + f.ldw;
     f.bias_rows = f.bias_t + kKeyTile * f.ldw;
@@ -201,6 +204,32 @@ struct KvRows {
   DType dtype;
   size_t stride;     // elements between rows
   float* widened;    // scratch for a tile's rows (CopiesKvTile)
+  // A paged cache (KvPages): row j in block pages[j / page_rows], base the
+  // address of block 0's slot 0; null: rows `stride` apart from base.
+  const int32_t* pages = nullptr;
+  size_t page_rows = 0;
+  size_t page_bytes = 0;  // between blocks
+
+  const char* RowPtr(size_t j) const {
+    const size_t bytes = DTypeBytes(dtype);
+    if (pages == nullptr) return base + j * stride * bytes;
+    return base + static_cast<size_t>(pages[j / page_rows]) * page_bytes +
+           (j % page_rows) * stride * bytes;
+  }
+  // The first key past j's run of rows `stride` apart (its block's end).
+  size_t RunEnd(size_t j) const {
+    return pages == nullptr ? ~size_t{0} : (j / page_rows + 1) * page_rows;
+  }
+  // These rows over j's run as unpaged rows: row j' of the run at
+  // base' + j' * stride (base' = RowPtr(j) - j * stride elements, an address
+  // only ever offset back into the run).
+  KvRows Run(size_t j) const {
+    KvRows r = *this;
+    r.pages = nullptr;
+    r.base = reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(RowPtr(j)) -
+                                           j * stride * DTypeBytes(dtype));
+    return r;
+  }
 
   // Rows [j0, j0 + n) as f32; *ld receives their row stride in floats.
   // Contiguous f32 rows in place; 16-bit or strided rows copied (widened)
@@ -209,12 +238,21 @@ struct KvRows {
   // (token-major: 2 rows per 4 KiB page) do not start the hardware's stream
   // prefetcher, so the next tile is asked for while this one is computed.
   void PrefetchTile(size_t j0, size_t n, size_t L) const {
-    if (stride == L) return;  // contiguous: the hardware streams it
-    const size_t row_bytes = L * DTypeBytes(dtype), bytes = stride * DTypeBytes(dtype);
-    for (size_t r = 0; r < n; ++r) PrefetchBytes(base + (j0 + r) * bytes, row_bytes);
+    if (stride == L && pages == nullptr) return;  // contiguous: the hardware streams it
+    const size_t row_bytes = L * DTypeBytes(dtype);
+    for (size_t r = 0; r < n; ++r) PrefetchBytes(RowPtr(j0 + r), row_bytes);
   }
 
   const float* Tile(size_t j0, size_t n, size_t L, size_t* ld) const {
+    if (pages != nullptr) {  // gathered from the tile's blocks, widened
+      for (size_t j = j0; j < j0 + n;) {
+        const size_t stop = HWY_MIN(j0 + n, RunEnd(j));
+        WidenRows(RowPtr(j), dtype, stride, stop - j, L, widened + (j - j0) * L, L);
+        j = stop;
+      }
+      *ld = L;
+      return widened;
+    }
     if (dtype == DType::kF32) {
       *ld = stride;
       return reinterpret_cast<const float*>(base) + j0 * stride;
@@ -224,6 +262,29 @@ struct KvRows {
     return widened;
   }
 };
+
+// f(k_run, v_run, j0, j1) over the runs of keys [begin, end) that lie
+// `stride` apart (one run unless paged: then each block's part), k_run and
+// v_run unpaged rows valid over the run; the first rows of the next run are
+// prefetched before each (the hardware prefetchers do not cross blocks).
+template <class F>
+HWY_INLINE void ForEachKeyRun(const KvRows& k, const KvRows& v, size_t begin, size_t end,
+                              size_t L, const F& f) {
+  if (k.pages == nullptr || begin >= end) {
+    f(k, v, begin, end);
+    return;
+  }
+  for (size_t j = begin; j < end;) {
+    const size_t stop = HWY_MIN(end, k.RunEnd(j));
+    if (stop < end) {
+      const size_t ahead = HWY_MIN(size_t{4}, end - stop);
+      k.PrefetchTile(stop, ahead, L);
+      v.PrefetchTile(stop, ahead, L);
+    }
+    f(k.Run(j), v.Run(j), j, stop);
+    j = stop;
+  }
+}
 
 // The block paths' prefetch of the key tile after this one (keys from j up
 // to kKeyTile of them, below end) while this one is computed: strided rows do
@@ -332,8 +393,12 @@ inline Block StartBlock(const AttnDims& a, const AttnViews& views, size_t b, siz
   return Block{f,
                q,
                ldq,
-               KvRows{views.k.Row(b, g, 0), views.k.dtype, views.k.ss, f.k_rows},
-               KvRows{views.v.Row(b, g, 0), views.v.dtype, views.v.ss, f.v_rows},
+               KvRows{views.k.Row(b, g, 0), views.k.dtype, views.k.ss, f.k_rows,
+                      views.pages.table, views.pages.rows,
+                      views.pages.stride * DTypeBytes(views.k.dtype)},
+               KvRows{views.v.Row(b, g, 0), views.v.dtype, views.v.ss, f.v_rows,
+                      views.pages.table, views.pages.rows,
+                      views.pages.stride * DTypeBytes(views.v.dtype)},
                OutRows{views.out.Row(b, h, i0), views.out.dtype, views.out.ss},
                rows,
                b,

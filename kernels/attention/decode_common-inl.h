@@ -245,16 +245,31 @@ HWY_INLINE TileStep RowTileSoftmax(float* HWY_RESTRICT s_row, size_t nj, float* 
 // window's first key past it).
 template <class Row>
 HWY_INLINE void RowsOneByOne(const AttnDims& a, const AttnViews& views, size_t b, size_t h,
-                             size_t i0, size_t i1, size_t key_begin, float* HWY_RESTRICT partial,
-                             float* HWY_RESTRICT scratch, const Row& row) {
+                             size_t i0, size_t i1, size_t key_begin, size_t key_end,
+                             float* HWY_RESTRICT partial, float* HWY_RESTRICT scratch,
+                             const Row& row) {
   const Block blk = StartBlock(a, views, b, h, i0, i1, scratch);
   const FlashScratch& f = blk.f;
   const size_t L = a.head_dim;
   Fill(f.acc, blk.rows * L, 0.0f);
   for (size_t r = 0; r < blk.rows; ++r) {
     const size_t begin = HWY_MAX(key_begin, a.first_key(i0 + r));
-    row(blk, r, blk.q + r * blk.ldq, begin, a.visible_keys(i0 + r), f.acc + r * L, f.m + r,
-        f.l + r, f.bad + r);
+    const size_t visible = a.visible_keys(i0 + r);
+    if (blk.k.pages == nullptr) {
+      row(blk, r, blk.q + r * blk.ldq, begin, visible, f.acc + r * L, f.m + r, f.l + r,
+          f.bad + r);
+      continue;
+    }
+    // A paged cache: the row's keys block by block, its running state
+    // carried across them.
+    ForEachKeyRun(blk.k, blk.v, begin, HWY_MIN(visible, key_end), L,
+                  [&](const KvRows& k, const KvRows& v, size_t j0, size_t j1) {
+                    Block run = blk;
+                    run.k = k;
+                    run.v = v;
+                    row(run, r, blk.q + r * blk.ldq, j0, j1, f.acc + r * L, f.m + r, f.l + r,
+                        f.bad + r);
+                  });
   }
   EndBlock(a, blk, partial);
 }

@@ -833,8 +833,12 @@ HWY_NOINLINE void AttentionGroupsBlock(const AttnDims& a, const AttnViews& views
   const size_t L = a.head_dim, visible = a.visible_keys(i0);
   Fill(f.acc, blk.rows * L, 0.0f);
   for (size_t r = 0; r + kGroupRows <= blk.rows; r += kGroupRows) {
-    GroupByDot(a, blk.q + r * blk.ldq, blk.ldq, blk.k, blk.v, visible, key_begin, key_end,
-               f.acc + r * L, f.m + r, f.l + r, f.bad + r, f.s_t, f.k_t);
+    // (A paged cache block by block, the rows' state carried across.)
+    ForEachKeyRun(blk.k, blk.v, key_begin, HWY_MIN(visible, key_end), L,
+                  [&](const KvRows& k, const KvRows& v, size_t j0, size_t j1) {
+                    GroupByDot(a, blk.q + r * blk.ldq, blk.ldq, k, v, j1, j0, j1,
+                               f.acc + r * L, f.m + r, f.l + r, f.bad + r, f.s_t, f.k_t);
+                  });
   }
   EndBlock(a, blk, partial);
 }

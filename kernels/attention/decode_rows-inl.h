@@ -531,7 +531,7 @@ HWY_NOINLINE void AttentionRowDotBlock(const AttnDims& a, const AttnViews& views
                                        size_t h, size_t i0, size_t i1, size_t key_begin,
                                        size_t key_end, float* HWY_RESTRICT partial,
                                        float* HWY_RESTRICT scratch) {
-  RowsOneByOne(a, views, b, h, i0, i1, key_begin, partial, scratch,
+  RowsOneByOne(a, views, b, h, i0, i1, key_begin, key_end, partial, scratch,
                [&](const Block& blk, size_t r, const float* HWY_RESTRICT q_r, size_t begin,
                    size_t visible, float* HWY_RESTRICT acc, float* m, float* l, float* bad) {
                  RowExtras x;
@@ -549,7 +549,7 @@ HWY_NOINLINE void AttentionRowShiftedBlock(const AttnDims& a, const AttnViews& v
                                            size_t key_end, float* HWY_RESTRICT partial,
                                            float* HWY_RESTRICT scratch) {
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
-  RowsOneByOne(a, views, b, h, i0, i1, key_begin, partial, scratch,
+  RowsOneByOne(a, views, b, h, i0, i1, key_begin, key_end, partial, scratch,
                [&](const Block& blk, size_t, const float* HWY_RESTRICT q_r, size_t begin,
                    size_t visible, float* HWY_RESTRICT acc, float* m, float* l, float* bad) {
                  const size_t L = a.head_dim;

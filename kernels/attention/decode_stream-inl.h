@@ -306,7 +306,7 @@ HWY_NOINLINE void AttentionRowStreamBlock(const AttnDims& a, const AttnViews& vi
                                           size_t h, size_t i0, size_t i1, size_t key_begin,
                                           size_t key_end, float* HWY_RESTRICT partial,
                                           float* HWY_RESTRICT scratch) {
-  RowsOneByOne(a, views, b, h, i0, i1, key_begin, partial, scratch,
+  RowsOneByOne(a, views, b, h, i0, i1, key_begin, key_end, partial, scratch,
                [&](const Block& blk, size_t, const float* HWY_RESTRICT q_r, size_t begin,
                    size_t visible, float* HWY_RESTRICT acc, float* m, float* l, float* bad) {
                  const size_t end = visible < key_end ? visible : key_end;
