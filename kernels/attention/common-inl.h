@@ -244,7 +244,9 @@ struct KvRows {
   }
 
   const float* Tile(size_t j0, size_t n, size_t L, size_t* ld) const {
-    if (pages != nullptr) {  // gathered from the tile's blocks, widened
+    if (pages != nullptr && (dtype != DType::kF32 || RunEnd(j0) < j0 + n)) {
+      // Gathered from the tile's blocks, widened (f32 rows of a tile inside
+      // one block are read in place, below).
       for (size_t j = j0; j < j0 + n;) {
         const size_t stop = HWY_MIN(j0 + n, RunEnd(j));
         WidenRows(RowPtr(j), dtype, stride, stop - j, L, widened + (j - j0) * L, L);
@@ -255,7 +257,7 @@ struct KvRows {
     }
     if (dtype == DType::kF32) {
       *ld = stride;
-      return reinterpret_cast<const float*>(base) + j0 * stride;
+      return reinterpret_cast<const float*>(RowPtr(j0));
     }
     WidenRows(base + j0 * stride * DTypeBytes(dtype), dtype, stride, n, L, widened, L);
     *ld = L;
