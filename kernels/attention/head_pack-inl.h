@@ -39,7 +39,10 @@ inline size_t RoundUpFloats(size_t n) { return (n + 15) / 16 * 16; }
 // alternated runs: f16 K/V 3403-3591 -> 3149-3217 us against f32's
 // 3144-3424, bf16 3338-3730 -> 3159-3293 us; S=2048 causal f16 27940-28375
 // -> 26067-26442 us).
-inline bool PacksKvRows(const TensorView& t, size_t L) { return t.ss != L || !t.IsF32(); }
+// A paged cache's rows too (its blocks' rows are token-major).
+inline bool PacksKvRows(const TensorView& t, size_t L, bool paged = false) {
+  return paged || t.ss != L || !t.IsF32();
+}
 
 // Floats of the copies of one kv head's strided or 16-bit K and V rows (0: no copy).
 // Only where a head has more than one query block to reuse them.
@@ -47,7 +50,9 @@ inline size_t HeadPackFloats(const AttnDims& a, const AttnViews& v) {
   const size_t L = a.head_dim;
   if (a.seq_q <= kQueryBlock) return 0;
   const size_t per = RoundUpFloats(a.seq_kv * L);
-  const size_t floats = (PacksKvRows(v.k, L) ? per : 0) + (PacksKvRows(v.v, L) ? per : 0);
+  const bool paged = v.pages.table != nullptr;
+  const size_t floats =
+      (PacksKvRows(v.k, L, paged) ? per : 0) + (PacksKvRows(v.v, L, paged) ? per : 0);
   return floats != 0 && floats <= kHeadPackMaxFloats ? floats : 0;
 }
 
@@ -58,13 +63,16 @@ inline size_t HeadPackedScratch(const AttnDims& a, const AttnViews& v) {
 
 // Rows [0, n) of t's head (b, g) as contiguous f32 rows of L at dst; the
 // rows ahead prefetched (strided rows do not start the stream prefetcher).
-inline void PackHeadRows(const TensorView& t, size_t b, size_t g, size_t n, size_t L,
-                         float* HWY_RESTRICT dst) {
+// (A paged cache's rows block by block: KvRows::RowPtr.)
+inline void PackHeadRows(const TensorView& t, const KvPages& pages, size_t b, size_t g,
+                         size_t n, size_t L, float* HWY_RESTRICT dst) {
   constexpr size_t kAhead = 8;
   const size_t row_bytes = L * DTypeBytes(t.dtype);
+  const KvRows rows{t.Row(b, g, 0), t.dtype, t.ss, nullptr, pages.table, pages.rows,
+                    pages.stride * DTypeBytes(t.dtype)};
   for (size_t s = 0; s < n; ++s) {
-    if (s + kAhead < n) PrefetchBytes(t.Row(b, g, s + kAhead), row_bytes);
-    ConvertRow(t.Row(b, g, s), t.dtype, L, dst + s * L, DType::kF32);
+    if (s + kAhead < n) PrefetchBytes(rows.RowPtr(s + kAhead), row_bytes);
+    ConvertRow(rows.RowPtr(s), t.dtype, L, dst + s * L, DType::kF32);
   }
 }
 
@@ -79,8 +87,10 @@ HWY_NOINLINE void PackHeadViews(const AttnDims& a, const AttnViews& views, size_
   float* pack = tag_at + kHeadPackTagFloats;
   const uint64_t tag[3] = {call, b, g};
   *packed = views;
+  const bool paged = views.pages.table != nullptr;
+  packed->pages = KvPages{};  // (a paged head's rows are all copied)
   const auto use = [&](TensorView& t) {
-    if (!PacksKvRows(t, L)) return static_cast<float*>(nullptr);
+    if (!PacksKvRows(t, L, paged)) return static_cast<float*>(nullptr);
     float* rows = pack;
     pack += RoundUpFloats(a.seq_kv * L);
     t.data = rows;
@@ -92,8 +102,8 @@ HWY_NOINLINE void PackHeadViews(const AttnDims& a, const AttnViews& views, size_
   float* const k_rows = use(packed->k);
   float* const v_rows = use(packed->v);
   if (memcmp(tag_at, tag, sizeof(tag)) != 0) {
-    if (k_rows) PackHeadRows(views.k, b, g, a.seq_kv, L, k_rows);
-    if (v_rows) PackHeadRows(views.v, b, g, a.seq_kv, L, v_rows);
+    if (k_rows) PackHeadRows(views.k, views.pages, b, g, a.seq_kv, L, k_rows);
+    if (v_rows) PackHeadRows(views.v, views.pages, b, g, a.seq_kv, L, v_rows);
     memcpy(tag_at, tag, sizeof(tag));
   }
 }
