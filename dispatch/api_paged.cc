@@ -95,8 +95,10 @@ headsum_status CheckBatchShape(const char* fn, const headsum_batch_shape* shape,
 // block_size covering every kv_lens[b], every block_table entry a sequence
 // uses in [0, num_blocks), the pools addressable views of
 // [num_blocks][block_size][Hkv][L].
+// (A write checks the blocks it writes: those of each sequence's last n_b
+// positions.)
 headsum_status CheckPagedKv(const char* fn, const headsum_paged_kv* kv, PagedBatch* p,
-                            ByteRange* k_range, ByteRange* v_range) {
+                            ByteRange* k_range, ByteRange* v_range, bool written_only) {
   HEADSUM_CHECK(CheckPointer(fn, "kv", kv));
   HEADSUM_CHECK(CheckAtLeastOne(fn, "kv->block_size", kv->block_size));
   HEADSUM_CHECK(CheckAtLeastOne(fn, "kv->num_blocks", kv->num_blocks));
@@ -115,7 +117,8 @@ headsum_status CheckPagedKv(const char* fn, const headsum_paged_kv* kv, PagedBat
                   b, len, kv->blocks_per_seq, kv->block_size);
     }
     const int64_t used = (len + kv->block_size - 1) / kv->block_size;
-    for (int64_t n = 0; n < used; ++n) {
+    const int64_t first_written = len - (p->q_offsets[b + 1] - p->q_offsets[b]);
+    for (int64_t n = written_only ? first_written / kv->block_size : 0; n < used; ++n) {
       const int32_t e = kv->block_table[static_cast<int64_t>(b) * kv->blocks_per_seq + n];
       if (e < 0 || e >= kv->num_blocks) {
         return Fail(HEADSUM_ERR_INVALID_ARGUMENT, fn,
@@ -173,7 +176,7 @@ headsum_status headsum_attention_paged(const headsum_batch_shape* shape,
   AttnOptions opt;
   return Entry("headsum_attention_paged")
       .Check(CheckBatchShape, shape, &p, &rows, &max_rows, &max_keys)
-      .Check(CheckPagedKv, kv, &p, &k_range, &v_range)
+      .Check(CheckPagedKv, kv, &p, &k_range, &v_range, false)
       .Check([&](const char* fn) -> headsum_status {
         if (rows == 0) return HEADSUM_OK;  // no query rows: nothing to read or write
         HEADSUM_CHECK(CheckTokenRows(fn, "q", q, rows, p.heads, p.head_dim, false, &q_view,
@@ -205,7 +208,7 @@ headsum_status headsum_paged_kv_write(const headsum_batch_shape* shape,
   TensorView kn_view, vn_view;
   return Entry("headsum_paged_kv_write")
       .Check(CheckBatchShape, shape, &p, &rows, &max_rows, &max_keys)
-      .Check(CheckPagedKv, kv, &p, &k_range, &v_range)
+      .Check(CheckPagedKv, kv, &p, &k_range, &v_range, true)
       .Check([&](const char* fn) -> headsum_status {
         if (rows == 0) return HEADSUM_OK;
         HEADSUM_CHECK(CheckTokenRows(fn, "k_new", k_new, rows, p.kv_heads, p.head_dim, false,

@@ -39,6 +39,9 @@ struct PagedCase {
   int64_t window = 0;
   float softcap = 0.0f;
   bool slopes = false, sinks = false;
+  // Blocks handed out in order from a pool without gaps between blocks:
+  // runs of consecutive blocks read as one.
+  bool sequential_blocks = false;
 };
 
 const PagedCase kPagedCases[] = {
@@ -51,6 +54,8 @@ const PagedCase kPagedCases[] = {
     {"decode, head-major pool, sinks", 4, 4, 64, 16, {1, 1, 1}, {1030, 3, 64}, true, true, false,
      0, 0.0f, false, true},
     {"the seed, one sequence", 8, 8, 64, 16, {20}, {20}, true, false, false},
+    {"consecutive blocks, mixed", 8, 2, 32, 16, {1, 40, 1}, {1100, 90, 37}, true, false, false,
+     0, 0.0f, false, false, true},
 };
 
 struct PagedBuffers {
@@ -78,7 +83,7 @@ PagedBuffers MakePaged(const PagedCase& c, headsum_dtype dtype, uint64_t seed) {
   std::vector<int32_t> perm(size_t(p.num_blocks));
   for (size_t i = 0; i < perm.size(); ++i) perm[i] = int32_t(i);
   uint64_t state = seed;
-  for (size_t i = perm.size(); i > 1; --i) {
+  for (size_t i = perm.size(); i > 1 && !c.sequential_blocks; --i) {
     state = state * 6364136223846793005ull + 1442695040888963407ull;
     std::swap(perm[i - 1], perm[size_t(state >> 33) % i]);
   }
@@ -101,7 +106,7 @@ PagedBuffers MakePaged(const PagedCase& c, headsum_dtype dtype, uint64_t seed) {
   } else {  // [blocks][bs][Hkv][L], 8 elements between blocks
     p.strides[2] = L;
     p.strides[1] = G * L;
-    p.strides[0] = bs * G * L + 8;
+    p.strides[0] = bs * G * L + (c.sequential_blocks ? 0 : 8);
   }
   const size_t elems = size_t(p.num_blocks * p.strides[0]);
   const int64_t dims[4] = {p.num_blocks, G, bs, L};
@@ -396,7 +401,8 @@ TEST(PagedAttentionInvalid, EveryRuleIsNamedAndNothingIsWritten) {
   static const int64_t bad_start[3] = {1, 2, 3}, decreasing[3] = {0, 2, 1};
   static const int64_t too_few_keys[2] = {0, 6}, negative[2] = {-1, 6};
   std::vector<int32_t> bad_table = p.table;
-  bad_table[size_t(p.blocks_per_seq)] = int32_t(p.num_blocks);  // sequence 1's first block
+  // Sequence 1's second block: both calls use it (the write: its positions 4 and 5).
+  bad_table[size_t(p.blocks_per_seq + 1)] = int32_t(p.num_blocks);
   {
     Rule r{"q_offsets[0] != 0", good, good_kv, "q_offsets[0] = 1"};
     r.shape.q_offsets = bad_start;
@@ -418,7 +424,7 @@ TEST(PagedAttentionInvalid, EveryRuleIsNamedAndNothingIsWritten) {
     rules.push_back(r);
   }
   {
-    Rule r{"block_table entry out of range", good, good_kv, "block_table[1][0]"};
+    Rule r{"block_table entry out of range", good, good_kv, "block_table[1][1]"};
     r.kv.block_table = bad_table.data();
     rules.push_back(r);
   }

@@ -335,8 +335,9 @@ headsum_status headsum_attention_paged(const headsum_batch_shape* shape,
 /* Writes each sequence's n_b new K and V rows (k_new, v_new [T][Hkv][L],
  * indexed as q above, any dtype) into its cache positions
  * kv_lens[b] - n_b .. kv_lens[b] - 1, converted to kv->dtype (nearest
- * even): how an engine appends a step before attending.  Invalid besides
- * the rules above: destination slots that meet each other (two sequences
+ * even): how an engine appends a step before attending.  The block_table
+ * entries checked are those of the blocks written.  Invalid besides the
+ * rules above: destination slots that meet each other (two sequences
  * writing one shared block slot) or that overlap k_new or v_new. */
 headsum_status headsum_paged_kv_write(const headsum_batch_shape* shape,
                                       const headsum_paged_kv* kv, const headsum_tensor* k_new,
