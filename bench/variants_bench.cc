@@ -186,7 +186,7 @@ struct Paged {
   }
   Paged(int64_t h, int64_t hkv, int64_t l, const std::vector<int64_t>& rows,
         const std::vector<int64_t>& keys, int64_t block, bool causal, headsum_dtype kv_t,
-        bool one_block_each, bool interleaved = true)
+        bool one_block_each, bool interleaved = true, bool head_major = false)
       : offsets(rows.size() + 1, 0),
         lens(keys),
         k(PoolElements(keys, block, one_block_each, hkv, l), kv_t, 5),
@@ -222,8 +222,8 @@ struct Paged {
     kv.num_blocks = num_blocks;
     kv.block_size = bs;
     kv.strides[0] = bs * hkv * l;
-    kv.strides[1] = hkv * l;
-    kv.strides[2] = l;
+    kv.strides[1] = head_major ? l : hkv * l;       // [blocks][Hkv][block][L] or
+    kv.strides[2] = head_major ? bs * l : l;        // [blocks][block][Hkv][L]
     kv.block_table = table.data();
     kv.blocks_per_seq = per_seq;
     const int64_t T = offsets[B];
@@ -354,6 +354,18 @@ int main(int argc, char** argv) {
       RunPair({"  the same, each sequence's blocks consecutive", [=] { runs->Run(); },
                [=] { contig->Run(); }, runs->KvBytes(), contig->KvBytes(), "GB/s",
                "blocks read as one run"},
+              rounds);
+      auto hm = std::make_shared<Paged>(32, 8, 128, rows, keys, 16, true, HEADSUM_BF16, false,
+                                        /*interleaved=*/true, /*head_major=*/true);
+      auto hm_contig = std::make_shared<Paged>(32, 8, 128, rows, keys, 16, true, HEADSUM_BF16,
+                                               true, true, /*head_major=*/true);
+      RunPair({"  the same, [blocks][Hkv][block][L] pools", [=] { hm->Run(); },
+               [=] { hm_contig->Run(); }, hm->KvBytes(), hm_contig->KvBytes(), "GB/s",
+               "goal >= 0.95"},
+              rounds);
+      RunPair({"  [blocks][Hkv][block][L] paged vs [block][Hkv][L] one block a sequence",
+               [=] { hm->Run(); }, [=] { contig->Run(); }, hm->KvBytes(), contig->KvBytes(),
+               "GB/s", "goal >= 0.95"},
               rounds);
       const double probe = ReadProbe(threads);
       std::vector<double> t;
