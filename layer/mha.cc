@@ -7,7 +7,9 @@
 //   Q, K <- RoPE at positions len + s    in place on that buffer
 //   cache[len .. len+S) <- K, V          headsum_convert, in the cache dtype
 //   O = attention(Q over K, V)           strided/16-bit views, causal
-//                                        bottom-right; O [B][H][S][L]
+//                                        bottom-right, with the options of
+//                                        headsum_mha_create_ex (window,
+//                                        softcap, ALiBi, sinks); O [B][H][S][L]
 //   y = sum_h O_h Wo[h] + bo             the packed projection
 //
 // Memory per call is linear in S: the activations qkv and O (kept in the
@@ -65,8 +67,24 @@ struct headsum_mha {
   hwy::AlignedFreeUniquePtr<float[]> bqkv;  // [(H + 2 Hkv) L] or null
   hwy::AlignedFreeUniquePtr<float[]> bo;    // [Dm] or null (and in shards past head 0)
   std::unique_ptr<RopeTable> rope;          // null: no rotary embedding
+  // What the model adds to the scores (headsum_mha_create_ex), copied:
+  // slopes and sinks of the shard's own heads ([heads] or null).
+  int64_t window = 0;
+  float softcap = 0.0f;
+  hwy::AlignedFreeUniquePtr<float[]> slopes, sinks;
 
   int64_t fused_heads() const { return heads + 2 * kv_heads; }  // rows of qkv per token
+  bool plain() const { return window == 0 && softcap == 0.0f && !slopes && !sinks; }
+  // The options each forward's attention takes.
+  headsum_attn_options options() const {
+    headsum_attn_options o;
+    o.window = window;
+    o.softcap = softcap;
+    o.alibi_slopes = slopes.get();
+    o.sinks = sinks.get();
+    o.bias = nullptr;
+    return o;
+  }
 };
 
 struct headsum_kv_cache {
@@ -179,6 +197,37 @@ headsum_status CheckShard(const char* fn, const Config& c, int64_t head_begin,
   return HEADSUM_OK;
 }
 
+// The layer's options: those of headsum_attention_tensors_ex
+// (CheckAttnOptions, slopes and sinks over the whole layer's heads), and no
+// bias tensor, whose [B][H][Sq][Skv] would change with every call.
+headsum_status CheckLayerOptions(const char* fn, const headsum_attn_options* options,
+                                 const Config& c) {
+  if (options == nullptr) return HEADSUM_OK;
+  if (options->bias != nullptr) {
+    return Fail(HEADSUM_ERR_INVALID_ARGUMENT, fn,
+                "options->bias = %p: the layer takes no bias tensor (pass NULL; "
+                "headsum_attention_tensors_ex takes one)",
+                static_cast<const void*>(options->bias));
+  }
+  headsum::AttnDims unused_dims{};
+  headsum::AttnOptions unused_options;
+  return headsum::dispatch::CheckAttnOptions(fn, options, 1, c.heads, 1, 1, nullptr, nullptr,
+                                             &unused_dims, &unused_options);
+}
+
+// values[head_begin .. head_end) copied into *out (values NULL: *out stays
+// null).
+headsum_status CopyHeads(const char* fn, const char* what, const float* values,
+                         int64_t head_begin, int64_t head_end,
+                         hwy::AlignedFreeUniquePtr<float[]>* out) {
+  if (values == nullptr) return HEADSUM_OK;
+  const size_t n = static_cast<size_t>(head_end - head_begin);
+  *out = AllocateFloats(n);
+  if (!*out) return Fail(HEADSUM_ERR_OUT_OF_MEMORY, fn, "out of memory for %s", what);
+  memcpy(out->get(), values + head_begin, n * sizeof(float));
+  return HEADSUM_OK;
+}
+
 // `src` (f32 [rows][cols], contiguous) as a tensor of `dtype`: itself for
 // f32, else rounded to nearest even into `converted`.
 headsum_status WeightTensor(const char* fn, const float* src, int64_t rows, int64_t cols,
@@ -209,7 +258,8 @@ headsum_status Pack(const char* fn, const headsum_proj_shape& shape, const float
   return HEADSUM_OK;
 }
 
-headsum_status CreateLayer(const char* fn, const headsum_mha_config* config, int64_t head_begin,
+headsum_status CreateLayer(const char* fn, const headsum_mha_config* config,
+                           const headsum_attn_options* options, int64_t head_begin,
                            int64_t head_end, bool whole, const float* wq, const float* wk,
                            const float* wv, const float* wo, const float* bq, const float* bk,
                            const float* bv, const float* bo, headsum_mha** mha) {
@@ -220,6 +270,7 @@ headsum_status CreateLayer(const char* fn, const headsum_mha_config* config, int
     head_end = c.heads;
   }
   HEADSUM_CHECK(CheckShard(fn, c, head_begin, head_end));
+  HEADSUM_CHECK(CheckLayerOptions(fn, options, c));
   HEADSUM_CHECK(CheckPointer(fn, "wq", wq));
   HEADSUM_CHECK(CheckPointer(fn, "wk", wk));
   HEADSUM_CHECK(CheckPointer(fn, "wv", wv));
@@ -281,6 +332,13 @@ headsum_status CreateLayer(const char* fn, const headsum_mha_config* config, int
   if (c.rope_theta != 0.0f) {
     m->rope.reset(new (std::nothrow) RopeTable(c.rope_theta, static_cast<size_t>(L)));
     if (!m->rope) return Fail(HEADSUM_ERR_OUT_OF_MEMORY, fn, "out of memory for RoPE");
+  }
+  if (options != nullptr) {  // the shard's heads of the whole layer's [H]
+    m->window = options->window;
+    m->softcap = options->softcap;
+    HEADSUM_CHECK(CopyHeads(fn, "the ALiBi slopes", options->alibi_slopes, head_begin,
+                            head_end, &m->slopes));
+    HEADSUM_CHECK(CopyHeads(fn, "the sinks", options->sinks, head_begin, head_end, &m->sinks));
   }
   m->id = g_next_layer_id.fetch_add(1, std::memory_order_relaxed);
   *mha = m.release();
@@ -404,10 +462,13 @@ headsum_status Forward(const char* fn, const headsum_mha* mha, headsum_kv_cache*
     v_view = cache->View(cache->v.get());
   }
 
+  // The queries sit at positions pos0 .. Skv - 1: bottom-right, as the
+  // options' positions are.
   const headsum_attn_shape attn = {B, H, Hkv, S, Skv, L, 0.0f, mha->causal ? 1 : 0};
+  const headsum_attn_options options = mha->options();
   const headsum_tensor o_view = headsum_bhsd(o, HEADSUM_F32, H, S, L);
-  HEADSUM_CHECK(
-      Relay(fn, headsum_attention_tensors(&attn, &q_view, &k_view, &v_view, &o_view)));
+  HEADSUM_CHECK(Relay(fn, headsum_attention_tensors_ex(&attn, mha->plain() ? nullptr : &options,
+                                                       &q_view, &k_view, &v_view, &o_view)));
 
   const headsum_proj_shape out_shape = {B, S, H, L, Dm};
   const headsum_tensor y_view = headsum_bhsd(y, HEADSUM_F32, 1, S, Dm);
@@ -427,7 +488,19 @@ headsum_status headsum_mha_create(const headsum_mha_config* config, const float*
                                   const float* bq, const float* bk, const float* bv,
                                   const float* bo, headsum_mha** mha) {
   return Entry("headsum_mha_create").RunReporting([&](const char* fn) {
-    return CreateLayer(fn, config, 0, 0, /*whole=*/true, wq, wk, wv, wo, bq, bk, bv, bo, mha);
+    return CreateLayer(fn, config, nullptr, 0, 0, /*whole=*/true, wq, wk, wv, wo, bq, bk, bv,
+                       bo, mha);
+  });
+}
+
+headsum_status headsum_mha_create_ex(const headsum_mha_config* config,
+                                     const headsum_attn_options* options, const float* wq,
+                                     const float* wk, const float* wv, const float* wo,
+                                     const float* bq, const float* bk, const float* bv,
+                                     const float* bo, headsum_mha** mha) {
+  return Entry("headsum_mha_create_ex").RunReporting([&](const char* fn) {
+    return CreateLayer(fn, config, options, 0, 0, /*whole=*/true, wq, wk, wv, wo, bq, bk, bv,
+                       bo, mha);
   });
 }
 
@@ -437,8 +510,21 @@ headsum_status headsum_mha_create_shard(const headsum_mha_config* config, int64_
                                         const float* bk, const float* bv, const float* bo,
                                         headsum_mha** mha) {
   return Entry("headsum_mha_create_shard").RunReporting([&](const char* fn) {
-    return CreateLayer(fn, config, head_begin, head_end, /*whole=*/false, wq, wk, wv, wo, bq,
-                       bk, bv, bo, mha);
+    return CreateLayer(fn, config, nullptr, head_begin, head_end, /*whole=*/false, wq, wk, wv,
+                       wo, bq, bk, bv, bo, mha);
+  });
+}
+
+headsum_status headsum_mha_create_shard_ex(const headsum_mha_config* config,
+                                           const headsum_attn_options* options,
+                                           int64_t head_begin, int64_t head_end,
+                                           const float* wq, const float* wk, const float* wv,
+                                           const float* wo, const float* bq, const float* bk,
+                                           const float* bv, const float* bo,
+                                           headsum_mha** mha) {
+  return Entry("headsum_mha_create_shard_ex").RunReporting([&](const char* fn) {
+    return CreateLayer(fn, config, options, head_begin, head_end, /*whole=*/false, wq, wk, wv,
+                       wo, bq, bk, bv, bo, mha);
   });
 }
 

@@ -85,6 +85,72 @@ TEST(CppTensor, AttentionOverABf16CacheMatchesTheCCall) {
   EXPECT_EQ(0, memcmp(o1.data(), o2.data(), o1.size() * sizeof(float)));
 }
 
+// attention with options: a key-padding bias of extents [B][1][1][Skv]
+// broadcasts (its h and i strides taken as 0), bitwise the C call with
+// those strides; a bias of the wrong extents and short slopes throw.
+TEST(CppTensor, AttentionWithOptionsMatchesTheCCall) {
+  const int64_t B = 2, H = 4, G = 2, L = 8, Sq = 3, Skv = 11;
+  const std::vector<float> q = RandomUniform(size_t(B * H * Sq * L), -1, 1, 3);
+  const std::vector<float> k = RandomUniform(size_t(B * G * Skv * L), -1, 1, 4);
+  const std::vector<float> v = RandomUniform(size_t(B * G * Skv * L), -1, 1, 5);
+  std::vector<headsum::bf16> mask(size_t(B * Skv), headsum::bf16(0.0f));
+  for (int64_t j = Skv - 3; j < Skv; ++j) {
+    mask[size_t(Skv + j)] = headsum::bf16(-std::numeric_limits<float>::infinity());
+  }
+  const std::vector<float> slopes = {0.5f, 0.25f, 0.125f, 0.0625f}, sinks = {1.0f, 0.0f, -1.0f, 0.5f};
+  headsum::AttnShape shape;
+  shape.batch = B, shape.heads = H, shape.kv_heads = G, shape.seq_q = Sq, shape.seq_kv = Skv,
+  shape.head_dim = L, shape.causal = true;
+  headsum::AttnOptions opt;
+  opt.window = 6;
+  opt.softcap = 3.0f;
+  opt.alibi_slopes = slopes;
+  opt.sinks = sinks;
+  opt.bias = headsum::AttnBias::of(
+      headsum::Tensor<const headsum::bf16>::bhsd(mask.data(), B, 1, 1, Skv));
+  const auto tq = headsum::Tensor<const float>::bhsd(q.data(), B, H, Sq, L);
+  const auto tk = headsum::Tensor<const float>::bhsd(k.data(), B, G, Skv, L);
+  const auto tv = headsum::Tensor<const float>::bhsd(v.data(), B, G, Skv, L);
+  std::vector<float> o1(q.size()), o2(q.size());
+  headsum::attention(shape, opt, tq, tk, tv, headsum::Tensor<float>::bhsd(o1.data(), B, H, Sq, L));
+  const headsum_attn_shape c = shape.c();
+  const headsum_tensor cq = tq.c(), ck = tk.c(), cv = tv.c();
+  const headsum_tensor co = headsum_bhsd(o2.data(), HEADSUM_F32, H, Sq, L);
+  const headsum_tensor cb = {mask.data(), HEADSUM_BF16, {Skv, 0, 0}};
+  const headsum_attn_options copt = {6, 3.0f, slopes.data(), sinks.data(), &cb};
+  ASSERT_EQ(headsum_attention_tensors_ex(&c, &copt, &cq, &ck, &cv, &co), HEADSUM_OK)
+      << headsum_last_error();
+  EXPECT_EQ(0, memcmp(o1.data(), o2.data(), o1.size() * sizeof(float)));
+  // Without options: the plain call.
+  headsum::attention(shape, headsum::AttnOptions{}, tq, tk, tv,
+                     headsum::Tensor<float>::bhsd(o1.data(), B, H, Sq, L));
+  headsum::attention(shape, tq, tk, tv, headsum::Tensor<float>::bhsd(o2.data(), B, H, Sq, L));
+  EXPECT_EQ(0, memcmp(o1.data(), o2.data(), o1.size() * sizeof(float)));
+  auto throws = [&](const char* what, const headsum::AttnOptions& bad, const char* mention) {
+    SCOPED_TRACE(what);
+    try {
+      headsum::attention(shape, bad, tq, tk, tv, headsum::Tensor<float>::bhsd(o1.data(), B, H, Sq, L));
+      ADD_FAILURE() << "no exception";
+    } catch (const headsum::Error& e) {
+      EXPECT_EQ(e.status(), HEADSUM_ERR_INVALID_ARGUMENT);
+      EXPECT_NE(std::string(e.what()).find(mention), std::string::npos) << e.what();
+    }
+  };
+  headsum::AttnOptions wrong = opt;
+  wrong.bias = headsum::AttnBias::of(
+      headsum::Tensor<const headsum::bf16>::bhsd(mask.data(), B, 1, 2, Skv));
+  throws("bias [B][1][2][Skv]", wrong, "bias extent 2 is 2, the call needs 3");
+  wrong.bias = headsum::AttnBias::of(
+      headsum::Tensor<const headsum::bf16>::bhsd(mask.data(), B, 1, 1, 1));
+  throws("bias [B][1][1][1]", wrong, "bias extent 3 is 1");
+  headsum::AttnOptions short_slopes = opt;
+  short_slopes.alibi_slopes = headsum::In(slopes.data(), 2);
+  throws("2 slopes of 4", short_slopes, "alibi_slopes");
+  headsum::AttnOptions negative = opt;
+  negative.softcap = -1.0f;
+  throws("softcap -1", negative, "options->softcap");
+}
+
 TEST(CppTensor, ExtentsAreCheckedAndErrorsThrow) {
   const int64_t B = 1, H = 2, S = 3, L = 4, D = 5;
   std::vector<float> o(size_t(B * H * S * L), 1.0f), y(size_t(B * S * D));

@@ -10,6 +10,56 @@ namespace {
 
 constexpr double kMinusInf = -std::numeric_limits<double>::infinity();
 
+// The error (first order, without kSafety) that what a model adds puts on
+// a visible score whose scale q.k has magnitude s.
+double OptionsScoreError(const RefAttnDims& d, int64_t b, int64_t h, int64_t i, int64_t j,
+                         double s) {
+  double e = 0.0;
+  // What a model adds (kernels/attention/common-inl.h), each in f32
+  // on scores in base 2 (errors there are ln 2 < 1 times smaller in
+  // the natural units here, so the bounds hold as written):
+  if (d.softcap > 0.0) {
+    // tanh(x) = (1 - e) / (1 + e), e = 2^(-2 log2(e) |x|), x = s / c
+    // (x: two roundings, 2 eps |x| relative; through the exponent
+    // of e, 4 eps |x| relative on e), e itself kExpRelErr relative;
+    // d tanh / de = -2 / (1 + e)^2 turns a relative error r on e
+    // into at most r / 2 on tanh; the subtraction, addition and
+    // division 3 eps; c tanh and c log2(e) an eps each.  Times c:
+    // c (kExpRelErr / 2 + 5 eps) + 4 eps |s|.  The error already on
+    // s passes through tanh (slope <= 1).
+    e += d.softcap * (kExpRelErr / 2 + 5 * kEps) + 4 * kEps * s;
+    s = d.softcap * std::tanh(s / d.softcap);
+  }
+  if (d.slopes != nullptr) {
+    // slope log2(e) rounded (eps |term|), j - p exact, one FMA
+    // rounding (eps |new s|).
+    const double term = std::fabs(double(d.slopes[h]) * double(j - d.position(i)));
+    s += term;
+    e += kEps * term + kEps * s;
+  }
+  if (d.bias != nullptr) {
+    const double term = std::fabs(double((*d.bias)[d.s_at(b, h, i, j)]));
+    if (std::isfinite(term)) {
+      s += term;
+      e += kEps * term + kEps * s;
+    }
+  }
+  return e;
+}
+
+// A row's sink (d.sinks set): raises the row's max *m to the sink's logit
+// when that is larger, and returns its weight exp(sink - m) (unnormalized,
+// the value it adds to the denominator) with *delta its relative error; 0
+// (and *delta 0) without sinks.
+double SinkWeight(const RefAttnDims& d, int64_t h, double* m, double* delta) {
+  *delta = 0.0;
+  if (d.sinks == nullptr) return 0.0;
+  const double sink = double(d.sinks[h]);
+  *m = std::max(*m, sink);
+  *delta = std::min(kExpRelErr + 3 * kEps * (std::fabs(sink) + std::fabs(*m)), 1.0);
+  return std::exp(sink - *m);
+}
+
 // First-order bound (without kSafety) on the error of each f32 score:
 // (L + 3) eps |scale| sum_l |q_l k_l|; 0 where masked.
 std::vector<double> QkScoresError(const RefAttnDims& d, const float* q, const float* k) {
@@ -27,37 +77,8 @@ std::vector<double> QkScoresError(const RefAttnDims& d, const float* q, const fl
             abs_dot += std::fabs(prod);
             dot += prod;
           }
-          double e = per_unit * abs_dot;
-          // What a model adds (kernels/attention/common-inl.h), each in f32
-          // on scores in base 2 (errors there are ln 2 < 1 times smaller in
-          // the natural units here, so the bounds hold as written):
-          double s = std::fabs(d.scale * dot);
-          if (d.softcap > 0.0) {
-            // tanh(x) = (1 - e) / (1 + e), e = 2^(-2 log2(e) |x|), x = s / c
-            // (x: two roundings, 2 eps |x| relative; through the exponent
-            // of e, 4 eps |x| relative on e), e itself kExpRelErr relative;
-            // d tanh / de = -2 / (1 + e)^2 turns a relative error r on e
-            // into at most r / 2 on tanh; the subtraction, addition and
-            // division 3 eps; c tanh and c log2(e) an eps each.  Times c:
-            // c (kExpRelErr / 2 + 5 eps) + 4 eps |s|.  The error already on
-            // s passes through tanh (slope <= 1).
-            e += d.softcap * (kExpRelErr / 2 + 5 * kEps) + 4 * kEps * s;
-            s = d.softcap * std::tanh(s / d.softcap);
-          }
-          if (d.slopes != nullptr) {
-            // slope log2(e) rounded (eps |term|), j - p exact, one FMA
-            // rounding (eps |new s|).
-            const double term = std::fabs(double(d.slopes[h]) * double(j - d.position(i)));
-            s += term;
-            e += kEps * term + kEps * s;
-          }
-          if (d.bias != nullptr) {
-            const double term = std::fabs(double((*d.bias)[d.s_at(b, h, i, j)]));
-            if (std::isfinite(term)) {
-              s += term;
-              e += kEps * term + kEps * s;
-            }
-          }
+          const double e =
+              per_unit * abs_dot + OptionsScoreError(d, b, h, i, j, std::fabs(d.scale * dot));
           err[d.s_at(b, h, i, j)] = e;
         }
       }
@@ -112,14 +133,9 @@ std::vector<double> SoftmaxVBoundImpl(const RefAttnDims& d, const std::vector<do
         // A sink joins the denominator alone: its weight's error enters
         // delta_bar (step 1), its value is 0; the kernel's last step (its
         // rescaling and the sink's exponential: SinkFactor) adds 4 eps A.
-        double z = 0.0, sink_p = 0.0, sink_delta = 0.0;
-        if (d.sinks != nullptr) {
-          const double sink = double(d.sinks[h]);
-          m = std::max(m, sink);
-          sink_p = std::exp(sink - m);
-          z += sink_p;
-          sink_delta = std::min(kExpRelErr + 3 * kEps * (std::fabs(sink) + std::fabs(m)), 1.0);
-        }
+        double sink_delta;
+        const double sink_p = SinkWeight(d, h, &m, &sink_delta);
+        double z = sink_p;
         for (int64_t j = 0; j < d.seq_kv; ++j) {
           const double s = scores[d.s_at(b, h, i, j)];
           p[j] = 0.0;
@@ -312,6 +328,8 @@ std::vector<double> ContributionNormsBound(const RefProjDims& d,
 // 4. Attention: an absolute error on a score is a relative one on its weight,
 //      score_err_j = scale sum_l (e_q,l |k_j,l| + |q_l| e_k,j,l)
 //                  + (L + 3) eps scale sum_l |q_l k_j,l|          (qk_scores)
+//    (+ OptionsScoreError for the softcap and ALiBi terms; the window masks
+//    keys as causal does; a sink joins the denominator as SinkWeight says),
 //    then softmax(S) V as SoftmaxVBound derives it (the weights' relative
 //    errors delta_j, the (2 Skv + 4) eps of the sums), plus the error of V:
 //      e_O,l = sum_j p_j delta_j |v_j,l| + delta_bar A_l + (2 Skv + 4) eps A_l
@@ -388,18 +406,24 @@ std::vector<double> LayerBound(const RefLayerSpec& spec, const float* x, int64_t
       }
     }
   }
-  // 4. Attention: O's values and errors, [B][H][rows][L].
-  const double scale = 1.0 / std::sqrt(double(L));
+  // 4. Attention: O's values and errors, [B][H][rows][L], over the keys
+  // each query sees (the mask and window), its scores with the options'
+  // terms and their errors (OptionsScoreError), a sink in the denominator
+  // (SinkWeight and the last steps of SoftmaxVBoundImpl).
+  const RefAttnDims d = RefLayerAttnDims(spec, B, T, q0);
+  const double scale = d.scale;
   std::vector<double> o(size_t(B * H * rows * L), 0.0), o_err(o.size(), 0.0);
   const size_t n_keys = static_cast<size_t>(T);
   std::vector<double> score(n_keys), score_err(n_keys), p(n_keys), delta(n_keys);
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t h = 0; h < H; ++h) {
-      const int64_t k_row = H + h / spec.group(), v_row = k_row + spec.kv_heads;
-      for (int64_t t = q0; t < T; ++t) {
-        const int64_t keys = spec.causal ? t + 1 : T;
+      const int64_t k_row = H + d.kv_head_of(h), v_row = k_row + spec.kv_heads;
+      for (int64_t i = 0; i < rows; ++i) {
+        const int64_t t = q0 + i;
         double m = -std::numeric_limits<double>::infinity();
-        for (int64_t j = 0; j < keys; ++j) {
+        for (int64_t j = 0; j < T; ++j) {
+          p[size_t(j)] = 0.0;
+          if (!d.visible(i, j)) continue;
           double dot = 0.0, abs_dot = 0.0, propagated = 0.0;
           for (int64_t l = 0; l < L; ++l) {
             const size_t qa = spec.qkv_at(b, T, t, h, l), ka = spec.qkv_at(b, T, j, k_row, l);
@@ -407,12 +431,17 @@ std::vector<double> LayerBound(const RefLayerSpec& spec, const float* x, int64_t
             abs_dot += std::fabs(val[qa] * val[ka]);
             propagated += err[qa] * std::fabs(val[ka]) + std::fabs(val[qa]) * err[ka];
           }
-          score[size_t(j)] = scale * dot;
-          score_err[size_t(j)] = scale * propagated + double(L + 3) * kEps * scale * abs_dot;
+          score[size_t(j)] = RefScoreWithOptions(d, b, h, i, j, scale * dot);
+          score_err[size_t(j)] = scale * propagated + double(L + 3) * kEps * scale * abs_dot +
+                                 OptionsScoreError(d, b, h, i, j, std::fabs(scale * dot));
           m = std::max(m, score[size_t(j)]);
         }
-        double z = 0.0;
-        for (int64_t j = 0; j < keys; ++j) {
+        if (m == -std::numeric_limits<double>::infinity()) continue;  // no key: zeros
+        double sink_delta;
+        const double sink_p = SinkWeight(d, h, &m, &sink_delta);
+        double z = sink_p;
+        for (int64_t j = 0; j < T; ++j) {
+          if (!d.visible(i, j)) continue;
           const double s = score[size_t(j)];
           p[size_t(j)] = std::exp(s - m);
           z += p[size_t(j)];
@@ -420,22 +449,23 @@ std::vector<double> LayerBound(const RefLayerSpec& spec, const float* x, int64_t
           if (s - m < -80.0) dj = 1.0;
           delta[size_t(j)] = std::min(dj, 1.0);
         }
-        double delta_bar = 0.0;
-        for (int64_t j = 0; j < keys; ++j) {
+        double delta_bar = sink_p / z * sink_delta;
+        for (int64_t j = 0; j < T; ++j) {
           p[size_t(j)] /= z;
-          delta_bar += p[size_t(j)] * delta[size_t(j)];
+          if (p[size_t(j)] != 0.0) delta_bar += p[size_t(j)] * delta[size_t(j)];
         }
-        const double accumulation = double(2 * T + 4) * kEps;
+        const double accumulation = double(2 * T + 4) * kEps + (d.sinks ? 4 * kEps : 0.0);
         for (int64_t l = 0; l < L; ++l) {
           double value = 0.0, a = 0.0, weighted = 0.0, v_err = 0.0;
-          for (int64_t j = 0; j < keys; ++j) {
+          for (int64_t j = 0; j < T; ++j) {
+            if (p[size_t(j)] == 0.0) continue;
             const size_t va = spec.qkv_at(b, T, j, v_row, l);
             value += p[size_t(j)] * val[va];
             a += p[size_t(j)] * std::fabs(val[va]);
             weighted += p[size_t(j)] * delta[size_t(j)] * std::fabs(val[va]);
             v_err += p[size_t(j)] * err[va];
           }
-          const size_t oa = size_t(((b * H + h) * rows + (t - q0)) * L + l);
+          const size_t oa = size_t(((b * H + h) * rows + i) * L + l);
           o[oa] = value;
           o_err[oa] = weighted + delta_bar * a + accumulation * a + v_err;
         }

@@ -150,6 +150,89 @@ TEST(LayerInvalid, ShardRangesMustBeWholeKvGroupsInside) {
   headsum_mha_free(mha);
 }
 
+// headsum_mha_create_ex and _shard_ex: every rule of the options
+// (headsum_attention_tensors_ex's, over the whole layer's heads even in a
+// shard) and the bias the layer does not take, each named; no handle.
+TEST(LayerInvalid, CreateExRejectsEveryBadOption) {
+  const Weights w;
+  const headsum_mha_config config = GoodConfig();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  const float good[kH] = {0.5f, 0.25f, 0.125f, 0.0625f};
+  const float slope_nan[kH] = {0.5f, 0.25f, 0.125f, nan};  // head 3: outside shard [0, 2)
+  const float sink_inf[kH] = {0.0f, -inf, 1.0f, 2.0f};
+  std::vector<float> bias_data(16, 0.0f);
+  const headsum_tensor bias = {bias_data.data(), HEADSUM_F32, {0, 0, 0}};
+  struct Rule {
+    const char* what;
+    headsum_attn_options opt;
+    std::vector<std::string> mentions;
+  };
+  const Rule rules[] = {
+      {"window < 0", {-1, 0.0f, nullptr, nullptr, nullptr}, {"options->window = -1"}},
+      {"softcap < 0", {0, -2.0f, nullptr, nullptr, nullptr}, {"options->softcap", "-2"}},
+      {"softcap NaN", {0, nan, nullptr, nullptr, nullptr}, {"options->softcap", "nan"}},
+      {"softcap inf", {0, inf, nullptr, nullptr, nullptr}, {"options->softcap", "inf"}},
+      {"slope NaN", {0, 0.0f, slope_nan, nullptr, nullptr}, {"options->alibi_slopes[3]", "nan"}},
+      {"sink -inf", {0, 0.0f, nullptr, sink_inf, nullptr}, {"options->sinks[1]", "inf"}},
+      {"a bias", {0, 0.0f, good, good, &bias}, {"options->bias", "no bias"}},
+  };
+  for (const Rule& r : rules) {
+    headsum_mha* mha = kUntouchedMha;
+    ExpectInvalid(std::string("create_ex: ") + r.what,
+                  headsum_mha_create_ex(&config, &r.opt, w.wq.data(), w.wk.data(), w.wv.data(),
+                                        w.wo.data(), nullptr, nullptr, nullptr, nullptr, &mha),
+                  r.mentions);
+    EXPECT_NE(std::string(headsum_last_error()).find("headsum_mha_create_ex"), std::string::npos);
+    EXPECT_EQ(mha, kUntouchedMha);
+    ExpectInvalid(std::string("create_shard_ex: ") + r.what,
+                  headsum_mha_create_shard_ex(&config, &r.opt, 0, 2, w.wq.data(), w.wk.data(),
+                                              w.wv.data(), w.wo.data(), nullptr, nullptr,
+                                              nullptr, nullptr, &mha),
+                  r.mentions);
+    EXPECT_NE(std::string(headsum_last_error()).find("headsum_mha_create_shard_ex"),
+              std::string::npos);
+    EXPECT_EQ(mha, kUntouchedMha);
+  }
+  // The rules of create and create_shard come first, as they do there.
+  headsum_mha* mha = kUntouchedMha;
+  const headsum_attn_options ok = {3, 30.0f, good, good, nullptr};
+  ExpectInvalid("create_ex config NULL",
+                headsum_mha_create_ex(nullptr, &ok, w.wq.data(), w.wk.data(), w.wv.data(),
+                                      w.wo.data(), nullptr, nullptr, nullptr, nullptr, &mha),
+                {"config"});
+  ExpectInvalid("create_shard_ex split group",
+                headsum_mha_create_shard_ex(&config, &ok, 1, 3, w.wq.data(), w.wk.data(),
+                                            w.wv.data(), w.wo.data(), nullptr, nullptr, nullptr,
+                                            nullptr, &mha),
+                {"head_begin = 1", "group"});
+  ExpectInvalid("create_ex wq NULL",
+                headsum_mha_create_ex(&config, &ok, nullptr, w.wk.data(), w.wv.data(),
+                                      w.wo.data(), nullptr, nullptr, nullptr, nullptr, &mha),
+                {"wq"});
+  ExpectInvalid("create_ex mha NULL",
+                headsum_mha_create_ex(&config, &ok, w.wq.data(), w.wk.data(), w.wv.data(),
+                                      w.wo.data(), nullptr, nullptr, nullptr, nullptr, nullptr),
+                {"mha"});
+  EXPECT_EQ(mha, kUntouchedMha);
+  // Valid options, NULL options: a layer each.
+  for (const headsum_attn_options* opt : {&ok, static_cast<const headsum_attn_options*>(nullptr)}) {
+    mha = nullptr;
+    ASSERT_EQ(headsum_mha_create_ex(&config, opt, w.wq.data(), w.wk.data(), w.wv.data(),
+                                    w.wo.data(), nullptr, nullptr, nullptr, w.bo.data(), &mha),
+              HEADSUM_OK)
+        << headsum_last_error();
+    headsum_mha_free(mha);
+    mha = nullptr;
+    ASSERT_EQ(headsum_mha_create_shard_ex(&config, opt, 2, 4, w.wq.data(), w.wk.data(),
+                                          w.wv.data(), w.wo.data(), nullptr, nullptr, nullptr,
+                                          nullptr, &mha),
+              HEADSUM_OK)
+        << headsum_last_error();
+    headsum_mha_free(mha);
+  }
+}
+
 TEST(LayerInvalid, CacheCreateAndForwardRejectBadInputsAndWriteNothing) {
   const Weights w;
   const headsum_mha_config config = GoodConfig();
@@ -250,6 +333,70 @@ TEST(LayerCpp, MhaAndKvCacheWrapTheCalls) {
   const headsum::Mha shard = headsum::Mha::shard(config, 0, 2, weights);
   EXPECT_NE(shard.get(), nullptr);
   EXPECT_THROW(headsum::Mha::shard(config, 1, 2, weights), headsum::Error);
+}
+
+// The C++ face of the layer with options: Mha(config, options, weights) is
+// bitwise headsum_mha_create_ex's layer; short slopes or sinks, a bias and
+// every C rule throw headsum::Error with the status.
+TEST(LayerCpp, MhaWithOptionsWrapsCreateEx) {
+  const Weights w;
+  headsum::MhaConfig config;
+  config.model_dim = kDm;
+  config.heads = kH;
+  config.kv_heads = kHkv;
+  config.head_dim = kL;
+  config.rope_theta = 10000.0f;
+  headsum::MhaWeights weights;
+  weights.wq = w.wq;
+  weights.wk = w.wk;
+  weights.wv = w.wv;
+  weights.wo = w.wo;
+  const std::vector<float> slopes = {0.5f, 0.25f, 0.125f, 0.0625f}, sinks = {0.0f, 1.0f, -1.0f, 2.0f};
+  headsum::AttnOptions options;
+  options.window = 3;
+  options.softcap = 2.0f;
+  options.alibi_slopes = slopes;
+  options.sinks = sinks;
+  const headsum::Mha mha(config, options, weights);
+  const std::vector<float> x = RandomUniform(5 * kDm, -1, 1, 12);
+  std::vector<float> y(x.size()), y_c(x.size());
+  mha.forward(1, 5, x, y);
+  const headsum_mha_config c = config.c();
+  const headsum_attn_options c_opt = {3, 2.0f, slopes.data(), sinks.data(), nullptr};
+  headsum_mha* made = nullptr;
+  ASSERT_EQ(headsum_mha_create_ex(&c, &c_opt, w.wq.data(), w.wk.data(), w.wv.data(), w.wo.data(),
+                                  nullptr, nullptr, nullptr, nullptr, &made),
+            HEADSUM_OK);
+  ASSERT_EQ(headsum_mha_forward(made, nullptr, 1, 5, x.data(), y_c.data()), HEADSUM_OK);
+  headsum_mha_free(made);
+  EXPECT_TRUE(BitwiseEqual(y, y_c, Layout{{1, 5, kDm}, "bsd"}));
+  // A shard takes the whole layer's slopes and sinks.
+  const headsum::Mha shard = headsum::Mha::shard(config, options, 2, 4, weights);
+  EXPECT_NE(shard.get(), nullptr);
+  auto throws = [&](const char* what, const headsum::AttnOptions& bad, const char* mention) {
+    SCOPED_TRACE(what);
+    try {
+      const headsum::Mha m(config, bad, weights);
+      ADD_FAILURE() << "did not throw";
+    } catch (const headsum::Error& e) {
+      EXPECT_EQ(e.status(), HEADSUM_ERR_INVALID_ARGUMENT);
+      EXPECT_NE(std::string(e.what()).find(mention), std::string::npos) << e.what();
+    }
+  };
+  headsum::AttnOptions short_slopes = options;
+  short_slopes.alibi_slopes = headsum::In(slopes.data(), 3);
+  throws("3 slopes of 4 heads", short_slopes, "alibi_slopes");
+  headsum::AttnOptions short_sinks = options;
+  short_sinks.sinks = headsum::In(sinks.data(), 2);
+  throws("2 sinks of 4 heads", short_sinks, "sinks");
+  headsum::AttnOptions negative = options;
+  negative.window = -4;
+  throws("window -4", negative, "options->window = -4");
+  std::vector<float> bias_data(25, 0.0f);
+  headsum::AttnOptions with_bias = options;
+  with_bias.bias =
+      headsum::AttnBias::of(headsum::Tensor<const float>::bhsd(bias_data.data(), 1, 1, 5, 5));
+  throws("a bias", with_bias, "options->bias");
 }
 
 }  // namespace

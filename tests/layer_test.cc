@@ -3,10 +3,13 @@
 // projections, RoPE, attention, output projection) within LayerBound:
 // with and without RoPE, biases NULL and not, MHA/GQA/MQA, Dm != H*L,
 // causal and not; a KV cache filled by a prefill and single-token steps;
-// 16-bit caches and weights; overflow, reset, shards, and every bad input.
+// 16-bit caches and weights; overflow, reset, shards, and every bad input;
+// the layer with options (headsum_mha_create_ex: window, softcap, ALiBi,
+// sinks), alone and together, whole and in shards.
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -567,6 +570,251 @@ TEST_P(LayerShards, OnlyTheShardAtHeadZeroAddsBo) {
 }
 
 HEADSUM_INSTANTIATE_FOR_COMPILED_TARGETS(LayerShards);
+
+// ---- the layer with options (headsum_mha_create_ex) ------------------------------
+
+// What a model adds to the layer's scores, for the whole layer: slopes and
+// sinks [H] (empty: none).
+struct LayerOptions {
+  int64_t window = 0;
+  float softcap = 0.0f;
+  std::vector<float> slopes, sinks;
+
+  headsum_attn_options C() const {
+    return {window, softcap, slopes.empty() ? nullptr : slopes.data(),
+            sinks.empty() ? nullptr : sinks.data(), nullptr};
+  }
+  // The reference of heads [h0, ...): the window, the softcap, their slice.
+  RefLayerSpec Apply(RefLayerSpec spec, int64_t h0) const {
+    spec.window = window;
+    spec.softcap = softcap;
+    spec.slopes = slopes.empty() ? nullptr : slopes.data() + h0;
+    spec.sinks = sinks.empty() ? nullptr : sinks.data() + h0;
+    return spec;
+  }
+};
+
+struct LayerOptionsCase {
+  LayerCase c;
+  int64_t window;
+  float softcap;  // scores are O(1) here: a cap of 1-2 bends them
+  bool slopes, sinks;
+  headsum_dtype cache = HEADSUM_F32;  // a 16-bit one: the decode paths over 16-bit K/V
+};
+
+// Each option alone, then together, over both masks, GQA/MQA, RoPE or not,
+// f32 and 16-bit caches.
+const std::vector<LayerOptionsCase>& LayerOptionsCases() {
+  static const std::vector<LayerOptionsCase> cases = {
+      {{"window_causal_rope_gqa", 1, 12, 48, 4, 2, 8, true, 10000.0f, kAllBiases}, 5, 0.0f,
+       false, false},
+      {{"window_not_causal", 2, 9, 24, 2, 2, 6, false, 0.0f, kBq}, 3, 0.0f, false, false},
+      {{"softcap", 2, 7, 40, 4, 4, 10, true, 0.0f, kBq | kBo}, 0, 1.5f, false, false},
+      {{"alibi_mqa_rope", 1, 9, 32, 6, 1, 8, true, 500.0f, kBk}, 0, 0.0f, true, false},
+      {{"sinks_not_causal", 2, 6, 24, 4, 2, 6, false, 0.0f, 0}, 0, 0.0f, false, true},
+      {{"all_not_causal", 1, 10, 40, 4, 2, 8, false, 10000.0f, kAllBiases}, 4, 2.0f, true, true},
+      {{"all_bf16_cache_gqa", 2, 8, 64, 8, 2, 16, true, 10000.0f, kBv}, 6, 1.0f, true, true,
+       HEADSUM_BF16},
+      {{"sinks_window_f16_cache", 1, 11, 32, 4, 4, 8, true, 0.0f, kAllBiases}, 4, 0.0f, false,
+       true, HEADSUM_F16},
+      {{"all_causal_seed", 1, 20, 512, 8, 0, 64, true, 10000.0f, kBo}, 8, 2.0f, true, true},
+  };
+  return cases;
+}
+
+LayerOptions MakeOptions(const LayerOptionsCase& oc, uint64_t seed) {
+  LayerOptions o;
+  o.window = oc.window;
+  o.softcap = oc.softcap;
+  const int64_t H = oc.c.heads;
+  if (oc.slopes) {  // BLOOM's 2^(-8 (h + 1) / H), scaled up to move O(1) scores
+    for (int64_t h = 0; h < H; ++h) o.slopes.push_back(2.0f * std::exp2(-8.0f * (h + 1) / H));
+  }
+  if (oc.sinks) o.sinks = RandomUniform(size_t(H), -1.0f, 2.0f, seed);
+  return o;
+}
+
+headsum_status CreateWholeEx(const LayerInputs& in, const headsum_mha_config& config,
+                             const headsum_attn_options* options, headsum_mha** mha) {
+  return headsum_mha_create_ex(&config, options, in.wq.data(), in.wk.data(), in.wv.data(),
+                               in.wo.data(), in.Bias(kBq, in.bq), in.Bias(kBk, in.bk),
+                               in.Bias(kBv, in.bv), in.Bias(kBo, in.bo), mha);
+}
+
+class LayerOptionsTest : public TargetTest {};
+
+// Without a cache, and through one (a prefill, then single-token steps):
+// every token within LayerBound of the reference with the same options.
+TEST_P(LayerOptionsTest, EachOptionAndAllTogetherMatchReference) {
+  const std::vector<LayerOptionsCase>& cases = LayerOptionsCases();
+  for (size_t n = 0; n < cases.size(); ++n) {
+    const LayerOptionsCase& oc = cases[n];
+    const LayerCase& c = oc.c;
+    if (headsum_shapes::SmallSweepRequested() && c.model_dim >= 512) continue;
+    SCOPED_TRACE(c.name);
+    const int64_t T = c.seq + 4;
+    const LayerInputs in(c, 1000 + 100 * n, T);
+    const LayerOptions options = MakeOptions(oc, 1050 + 100 * n);
+    const headsum_attn_options opt = options.C();
+    Layer layer;
+    ASSERT_EQ(CreateWholeEx(in, Config(c, HEADSUM_F32, oc.cache), &opt, &layer.mha), HEADSUM_OK)
+        << headsum_last_error();
+    const ShardWeights w(c, in, 0, c.heads);
+    const RefLayerSpec spec = options.Apply(w.Spec(c, oc.cache), 0);
+    const RefLayerSpec spec_f32 = options.Apply(w.Spec(c), 0);  // no cache: K, V stay f32
+    const std::vector<float> x_prompt = Tokens(in.x, c.batch, T, c.model_dim, 0, c.seq);
+    std::vector<float> y = Sentinels(size_t(c.batch * c.seq * c.model_dim));
+    ASSERT_EQ(headsum_mha_forward(layer.mha, nullptr, c.batch, c.seq, x_prompt.data(), y.data()),
+              HEADSUM_OK)
+        << headsum_last_error();
+    EXPECT_TRUE(AllWithinBound(RefLayerForward(spec_f32, x_prompt.data(), c.batch, c.seq, 0),
+                               LayerBound(spec_f32, x_prompt.data(), c.batch, c.seq, 0), y,
+                               LayerYLayout(c.batch, c.seq, c.model_dim)))
+        << "without a cache";
+    EXPECT_TRUE(ChunksMatchReference(c, layer.mha, spec, in.x, T, PrefillThenSteps(c.seq, T)));
+  }
+}
+
+// The options change the result: the layer without them is outside the
+// bound of the reference with them (so the tests above test something).
+TEST_P(LayerOptionsTest, OptionsChangeTheOutput) {
+  const std::vector<LayerOptionsCase>& cases = LayerOptionsCases();
+  for (size_t n = 0; n + 1 < cases.size(); ++n) {
+    const LayerOptionsCase& oc = cases[n];
+    const LayerCase& c = oc.c;
+    SCOPED_TRACE(c.name);
+    const LayerInputs in(c, 1000 + 100 * n, c.seq);
+    const LayerOptions options = MakeOptions(oc, 1050 + 100 * n);
+    Layer plain;
+    ASSERT_EQ(CreateWhole(in, Config(c), &plain.mha), HEADSUM_OK) << headsum_last_error();
+    std::vector<float> y(size_t(c.batch * c.seq * c.model_dim));
+    ASSERT_EQ(headsum_mha_forward(plain.mha, nullptr, c.batch, c.seq, in.x.data(), y.data()),
+              HEADSUM_OK);
+    const ShardWeights w(c, in, 0, c.heads);
+    const RefLayerSpec spec = options.Apply(w.Spec(c), 0);
+    EXPECT_FALSE(AllWithinBound(RefLayerForward(spec, in.x.data(), c.batch, c.seq, 0),
+                                LayerBound(spec, in.x.data(), c.batch, c.seq, 0), y,
+                                LayerYLayout(c.batch, c.seq, c.model_dim)))
+        << "the plain layer matches the reference with the options";
+  }
+}
+
+// NULL options and zeroed ones are the plain layer, bitwise.
+TEST_P(LayerOptionsTest, NoOptionsIsThePlainLayer) {
+  const LayerCase& c = LayerCases()[0];
+  const int64_t B = c.batch, Dm = c.model_dim, T = c.seq + 2;
+  const LayerInputs in(c, 1900, T);
+  const headsum_attn_options zeroed = {0, 0.0f, nullptr, nullptr, nullptr};
+  Layer plain, null_options, zero_options;
+  ASSERT_EQ(CreateWhole(in, Config(c), &plain.mha), HEADSUM_OK);
+  ASSERT_EQ(CreateWholeEx(in, Config(c), nullptr, &null_options.mha), HEADSUM_OK);
+  ASSERT_EQ(CreateWholeEx(in, Config(c), &zeroed, &zero_options.mha), HEADSUM_OK);
+  std::vector<std::vector<float>> ys;
+  for (const Layer* layer : {&plain, &null_options, &zero_options}) {
+    Cache cache;
+    ASSERT_EQ(headsum_kv_cache_create(layer->mha, B, T, &cache.cache), HEADSUM_OK);
+    std::vector<float> y;
+    int64_t t0 = 0;
+    for (int64_t len : PrefillThenSteps(c.seq, T)) {
+      const std::vector<float> x = Tokens(in.x, B, T, Dm, t0, t0 + len);
+      std::vector<float> y_chunk(x.size());
+      ASSERT_EQ(headsum_mha_forward(layer->mha, cache.cache, B, len, x.data(), y_chunk.data()),
+                HEADSUM_OK);
+      y.insert(y.end(), y_chunk.begin(), y_chunk.end());
+      t0 += len;
+    }
+    ys.push_back(y);
+  }
+  EXPECT_TRUE(BitwiseEqual(ys[0], ys[1], LayerYLayout(B, T, Dm))) << "NULL options";
+  EXPECT_TRUE(BitwiseEqual(ys[0], ys[2], LayerYLayout(B, T, Dm))) << "zeroed options";
+}
+
+// Shards made with the whole layer's options (slopes and sinks [H]) keep
+// their heads' slice: their outputs, each through its own cache, add up to
+// the layer's with the options.
+TEST_P(LayerOptionsTest, ShardsWithOptionsSumToTheLayer) {
+  const LayerOptionsCase oc = {{"shards", 2, 6, 40, 8, 4, 8, true, 10000.0f, kAllBiases},
+                               3, 2.0f, true, true};
+  const LayerCase& c = oc.c;
+  const int64_t B = c.batch, Dm = c.model_dim, T = 9;
+  const LayerInputs in(c, 2000, T);
+  const LayerOptions options = MakeOptions(oc, 2050);
+  const headsum_attn_options opt = options.C();
+  const ShardWeights whole_weights(c, in, 0, c.heads);
+  const RefLayerSpec whole = options.Apply(whole_weights.Spec(c), 0);
+  for (int64_t shards : {1, 2, 4}) {
+    SCOPED_TRACE(std::to_string(shards) + " shards");
+    const int64_t per = c.heads / shards;
+    std::vector<ShardWeights> weights;
+    std::vector<Layer> layers(static_cast<size_t>(shards));
+    std::vector<Cache> caches(static_cast<size_t>(shards));
+    for (int64_t s = 0; s < shards; ++s) {
+      weights.emplace_back(c, in, s * per, (s + 1) * per);
+      const ShardWeights& w = weights.back();
+      const headsum_mha_config config = Config(c);
+      ASSERT_EQ(headsum_mha_create_shard_ex(&config, &opt, s * per, (s + 1) * per, w.wq.data(),
+                                            w.wk.data(), w.wv.data(), w.wo.data(),
+                                            w.Bias(kBq, w.bq), w.Bias(kBk, w.bk),
+                                            w.Bias(kBv, w.bv), w.Bias(kBo, w.bo),
+                                            &layers[size_t(s)].mha),
+                HEADSUM_OK)
+          << headsum_last_error();
+      ASSERT_EQ(headsum_kv_cache_create(layers[size_t(s)].mha, B, T, &caches[size_t(s)].cache),
+                HEADSUM_OK);
+    }
+    int64_t t0 = 0;
+    for (int64_t len : PrefillThenSteps(c.seq, T)) {
+      const std::vector<float> x = Tokens(in.x, B, T, Dm, t0, t0 + len);
+      const std::vector<float> x_seen = Tokens(in.x, B, T, Dm, 0, t0 + len);
+      std::vector<double> sum(x.size(), 0.0), bound(x.size(), 0.0);
+      for (int64_t s = 0; s < shards; ++s) {
+        std::vector<float> y(x.size());
+        ASSERT_EQ(headsum_mha_forward(layers[size_t(s)].mha, caches[size_t(s)].cache, B, len,
+                                      x.data(), y.data()),
+                  HEADSUM_OK)
+            << headsum_last_error();
+        const RefLayerSpec spec = options.Apply(weights[size_t(s)].Spec(c), s * per);
+        const std::vector<double> b = LayerBound(spec, x_seen.data(), B, t0 + len, t0);
+        for (size_t i = 0; i < y.size(); ++i) {
+          sum[i] += y[i];  // exact in double
+          bound[i] += b[i];
+        }
+      }
+      const std::vector<double> expected = RefLayerForward(whole, x_seen.data(), B, t0 + len, t0);
+      std::vector<double> residual(sum.size());
+      for (size_t i = 0; i < sum.size(); ++i) residual[i] = sum[i] - expected[i];
+      std::vector<float> zeros(sum.size(), 0.0f);
+      EXPECT_TRUE(AllWithinBound(residual, bound, zeros, LayerYLayout(B, len, Dm)))
+          << "tokens [" << t0 << ", " << t0 + len << "): shards' sum - reference";
+      t0 += len;
+    }
+  }
+}
+
+// The options are copied: the caller's slopes and sinks may change or go
+// after creation.
+TEST_P(LayerOptionsTest, OptionsAreCopied) {
+  const LayerOptionsCase& oc = LayerOptionsCases()[5];
+  const LayerCase& c = oc.c;
+  const LayerInputs in(c, 2100, c.seq);
+  LayerOptions options = MakeOptions(oc, 2150);
+  const LayerOptions original = options;
+  headsum_attn_options opt = options.C();
+  Layer layer;
+  ASSERT_EQ(CreateWholeEx(in, Config(c), &opt, &layer.mha), HEADSUM_OK) << headsum_last_error();
+  for (float& v : options.slopes) v = std::numeric_limits<float>::quiet_NaN();
+  for (float& v : options.sinks) v = 1e30f;
+  std::vector<float> y(size_t(c.batch * c.seq * c.model_dim));
+  ASSERT_EQ(headsum_mha_forward(layer.mha, nullptr, c.batch, c.seq, in.x.data(), y.data()),
+            HEADSUM_OK);
+  const ShardWeights w(c, in, 0, c.heads);
+  const RefLayerSpec spec = original.Apply(w.Spec(c), 0);
+  EXPECT_TRUE(AllWithinBound(RefLayerForward(spec, in.x.data(), c.batch, c.seq, 0),
+                             LayerBound(spec, in.x.data(), c.batch, c.seq, 0), y,
+                             LayerYLayout(c.batch, c.seq, c.model_dim)));
+}
+
+HEADSUM_INSTANTIATE_FOR_COMPILED_TARGETS(LayerOptionsTest);
 
 }  // namespace
 }  // namespace headsum_test

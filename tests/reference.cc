@@ -21,6 +21,15 @@ RefAttnDims::RefAttnDims(const headsum_attn_shape& s)
       scale(s.scale == 0.0f ? 1.0 / std::sqrt(double(s.head_dim)) : double(s.scale)),
       causal(s.causal != 0) {}
 
+double RefScoreWithOptions(const RefAttnDims& d, int64_t b, int64_t h, int64_t i, int64_t j,
+                           double scaled) {
+  double score = scaled;
+  if (d.softcap > 0.0) score = d.softcap * std::tanh(score / d.softcap);
+  if (d.slopes != nullptr) score += double(d.slopes[h]) * double(j - d.position(i));
+  if (d.bias != nullptr) score += double((*d.bias)[d.s_at(b, h, i, j)]);
+  return score;
+}
+
 // 'bhil,bgjl->bhij' with g = h / (H/Hkv), times scale; masked -> -inf.
 std::vector<double> RefQkScores(const RefAttnDims& d, const float* q, const float* k) {
   std::vector<double> s(d.scores_elems());
@@ -37,11 +46,7 @@ std::vector<double> RefQkScores(const RefAttnDims& d, const float* q, const floa
           for (int64_t l = 0; l < d.head_dim; ++l) {
             dot += double(q[d.q_at(b, h, i, l)]) * double(k[d.kv_at(b, g, j, l)]);
           }
-          double score = d.scale * dot;
-          if (d.softcap > 0.0) score = d.softcap * std::tanh(score / d.softcap);
-          if (d.slopes != nullptr) score += double(d.slopes[h]) * double(j - d.position(i));
-          if (d.bias != nullptr) score += double((*d.bias)[d.s_at(b, h, i, j)]);
-          s[d.s_at(b, h, i, j)] = score;
+          s[d.s_at(b, h, i, j)] = RefScoreWithOptions(d, b, h, i, j, d.scale * dot);
         }
       }
     }
@@ -317,36 +322,50 @@ void RefRoundKv(const RefLayerSpec& spec, int64_t B, int64_t T, std::vector<doub
   }
 }
 
-// 'bthl,bjgl->bhtj' (g = h / group), softmax over the visible j, then
-// 'bhtj,bjgl->bhtl'.
+RefAttnDims RefLayerAttnDims(const RefLayerSpec& spec, int64_t B, int64_t T, int64_t q0) {
+  const headsum_attn_shape shape = {B,     spec.heads,      spec.kv_heads,        T - q0,
+                                    T,     spec.head_dim,   0.0f,                 spec.causal ? 1 : 0};
+  RefAttnDims d(shape);
+  d.window = spec.window;
+  d.softcap = spec.softcap;
+  d.slopes = spec.slopes;
+  d.sinks = spec.sinks;
+  return d;
+}
+
+// 'bthl,bjgl->bhtj' (g = h / group) with the options, softmax over the
+// visible j (RefSoftmaxRows), then 'bhtj,bjgl->bhtl'.
 std::vector<double> RefLayerAttention(const RefLayerSpec& spec, const std::vector<double>& qkv,
                                       int64_t B, int64_t T, int64_t q0) {
+  const RefAttnDims d = RefLayerAttnDims(spec, B, T, q0);
   const int64_t L = spec.head_dim, H = spec.heads, rows = T - q0;
-  const double scale = 1.0 / std::sqrt(double(L));
-  std::vector<double> o(size_t(B * H * rows * L), 0.0), p(static_cast<size_t>(T));
+  std::vector<double> scores(d.scores_elems(), kMinusInf);
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t h = 0; h < H; ++h) {
-      const int64_t k_row = H + h / spec.group(), v_row = k_row + spec.kv_heads;
-      for (int64_t t = q0; t < T; ++t) {
-        const int64_t keys = spec.causal ? t + 1 : T;
-        double m = kMinusInf;
-        for (int64_t j = 0; j < keys; ++j) {
+      const int64_t k_row = H + d.kv_head_of(h);
+      for (int64_t i = 0; i < rows; ++i) {
+        for (int64_t j = 0; j < T; ++j) {
+          if (!d.visible(i, j)) continue;
           double dot = 0.0;
           for (int64_t l = 0; l < L; ++l) {
-            dot += qkv[spec.qkv_at(b, T, t, h, l)] * qkv[spec.qkv_at(b, T, j, k_row, l)];
+            dot += qkv[spec.qkv_at(b, T, q0 + i, h, l)] * qkv[spec.qkv_at(b, T, j, k_row, l)];
           }
-          p[size_t(j)] = scale * dot;
-          m = std::max(m, p[size_t(j)]);
+          scores[d.s_at(b, h, i, j)] = RefScoreWithOptions(d, b, h, i, j, d.scale * dot);
         }
-        double z = 0.0;
-        for (int64_t j = 0; j < keys; ++j) {
-          p[size_t(j)] = std::exp(p[size_t(j)] - m);
-          z += p[size_t(j)];
-        }
-        double* o_t = &o[size_t(((b * H + h) * rows + (t - q0)) * L)];
-        for (int64_t j = 0; j < keys; ++j) {
+      }
+    }
+  }
+  const std::vector<double> p = RefSoftmaxRows(d, scores);
+  std::vector<double> o(d.q_elems(), 0.0);
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t v_row = H + spec.kv_heads + d.kv_head_of(h);
+      for (int64_t i = 0; i < rows; ++i) {
+        for (int64_t j = 0; j < T; ++j) {
+          const double pj = p[d.s_at(b, h, i, j)];
+          if (pj == 0.0) continue;
           for (int64_t l = 0; l < L; ++l) {
-            o_t[l] += p[size_t(j)] / z * qkv[spec.qkv_at(b, T, j, v_row, l)];
+            o[d.q_at(b, h, i, l)] += pj * qkv[spec.qkv_at(b, T, j, v_row, l)];
           }
         }
       }

@@ -59,6 +59,10 @@ struct RefAttnDims {
   size_t scores_elems() const { return size_t(batch * heads * seq_q * seq_kv); }
 };
 
+// A visible score `scaled` = scale q.k with what the model adds, in order:
+// softcap tanh(s / softcap), + slopes[h] (j - p), + bias[b][h][i][j].
+double RefScoreWithOptions(const RefAttnDims& d, int64_t b, int64_t h, int64_t i, int64_t j,
+                           double scaled);
 // S = scale * Q K^T, -inf where causally masked.  [B][H][Sq][Skv]
 std::vector<double> RefQkScores(const RefAttnDims& d, const float* q, const float* k);
 // P = softmax of each score row over the entries the causal mask lets
@@ -124,8 +128,10 @@ std::vector<double> RefContributionNorms(const RefProjDims& d,
 // x [B][T][Dm] -> qkv = x [Wq Wk Wv] + [bq bk bv] -> rotate-half RoPE on Q and
 // K at positions 0..T-1 -> (K, V rounded to the cache dtype when it is 16-bit)
 // -> attention, scale 1/sqrt(L), query at position t sees key j when
-// !causal or j <= t -> y = concat(O) Wo + bo.  A shard is a layer of its own
-// heads; `bo` is NULL for the shards that do not add it.
+// !causal or j <= t (and the window), with the options of
+// headsum_mha_create_ex -> y = concat(O) Wo + bo.  A shard is a layer of its
+// own heads (slopes and sinks: its heads' slice); `bo` is NULL for the
+// shards that do not add it.
 struct RefLayerSpec {
   int64_t model_dim, heads, kv_heads, head_dim;  // kv_heads resolved (>= 1)
   bool causal;
@@ -135,6 +141,12 @@ struct RefLayerSpec {
   // caller rounds them first): wq [Dm][H*L], wk and wv [Dm][Hkv*L],
   // wo [H*L][Dm]; biases [H*L], [Hkv*L], [Hkv*L], [Dm] or NULL.
   const float *wq, *wk, *wv, *wo, *bq, *bk, *bv, *bo;
+  // What the model adds to the scores, as RefAttnDims takes it: the window,
+  // the softcap, the slopes and sinks of these heads ([heads] or NULL).
+  int64_t window = 0;
+  double softcap = 0.0;
+  const float* slopes = nullptr;
+  const float* sinks = nullptr;
 
   int64_t fused() const { return heads + 2 * kv_heads; }  // rows of qkv per token
   int64_t group() const { return heads / kv_heads; }
@@ -157,7 +169,12 @@ void RefRopeAngle(const RefLayerSpec& spec, int64_t t, int64_t i, double* c, dou
 void RefRope(const RefLayerSpec& spec, int64_t B, int64_t T, std::vector<double>* qkv);
 // K and V rows of qkv rounded to spec.cache_dtype when it is 16-bit.
 void RefRoundKv(const RefLayerSpec& spec, int64_t B, int64_t T, std::vector<double>* qkv);
-// O for the queries at positions q0..T-1 over keys 0..T-1.  [B][H][T - q0][L]
+// The attention of a forward for the queries at positions q0..T-1 over keys
+// 0..T-1 (seq_q = T - q0, seq_kv = T), with the spec's options.
+RefAttnDims RefLayerAttnDims(const RefLayerSpec& spec, int64_t B, int64_t T, int64_t q0);
+// O for the queries at positions q0..T-1 over keys 0..T-1: the scores of
+// RefScoreWithOptions, softmax by RefSoftmaxRows (mask, sinks), then P V.
+// [B][H][T - q0][L]
 std::vector<double> RefLayerAttention(const RefLayerSpec& spec, const std::vector<double>& qkv,
                                       int64_t B, int64_t T, int64_t q0);
 // y = concat(O) Wo + bo, O [B][H][rows][L].  [B][rows][Dm]

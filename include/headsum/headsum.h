@@ -387,12 +387,27 @@ headsum_status headsum_mha_create_shard(const headsum_mha_config* config, int64_
 /* headsum_mha_create with what the model adds to the scores (options NULL:
  * plain).  The options are copied (slopes and sinks [H], window, softcap);
  * a bias tensor is not supported by the layer (HEADSUM_ERR_INVALID_ARGUMENT
- * names it). */
+ * names it).  Every forward's attention then applies them, its queries at
+ * their cache positions (len .. len+S-1) over keys 0 .. len+S-1.  Invalid
+ * besides headsum_mha_create's rules: the option rules of
+ * headsum_attention_tensors_ex (window < 0; softcap < 0 or not finite; a
+ * NaN or infinite slope or sink), options->bias not NULL. */
 headsum_status headsum_mha_create_ex(const headsum_mha_config* config,
                                      const headsum_attn_options* options, const float* wq,
                                      const float* wk, const float* wv, const float* wo,
                                      const float* bq, const float* bk, const float* bv,
                                      const float* bo, headsum_mha** mha);
+/* headsum_mha_create_shard with options: options holds the whole layer's
+ * slopes and sinks ([config->heads], as headsum_mha_create_ex takes them),
+ * and the shard keeps those of its heads [head_begin, head_end), so the
+ * shards' outputs still add up to the layer's. */
+headsum_status headsum_mha_create_shard_ex(const headsum_mha_config* config,
+                                           const headsum_attn_options* options,
+                                           int64_t head_begin, int64_t head_end,
+                                           const float* wq, const float* wk, const float* wv,
+                                           const float* wo, const float* bq, const float* bk,
+                                           const float* bv, const float* bo,
+                                           headsum_mha** mha);
 void headsum_mha_free(headsum_mha* mha);
 
 /* A KV cache for `batch` sequences of up to `capacity` tokens each, for this

@@ -428,6 +428,96 @@ void attention(const AttnShape& s, const Tensor<TQ>& q, const Tensor<TK>& k,
   check(headsum_attention_tensors(&c, &tq, &tk, &tv, &to));
 }
 
+// ---- What a model adds to the scores (headsum_attn_options) ----
+//
+//   headsum::AttnOptions opt;
+//   opt.window = 4096;                         // a sliding layer
+//   opt.softcap = 50.0f;                       // Gemma 2
+//   opt.sinks = sinks;                         // [H] (gpt-oss)
+//   opt.bias = headsum::AttnBias::of(mask);    // [B][1][1][Skv]: broadcast
+//   headsum::attention(shape, opt, q, k, v, o);
+
+// An additive bias on the scores, indexed [b][h][i][j] (any element type):
+// a Tensor whose extents are the call's [B][H][Sq][Skv], or 1 on an index
+// it broadcasts over (b, h, i; its stride there is then taken as 0), j
+// contiguous.  -inf removes a key.  Empty (of() never called): none.
+struct AttnBias {
+  headsum_tensor view{};
+  int64_t extents[4] = {0, 0, 0, 0};
+
+  template <class T>
+  static AttnBias of(const Tensor<T>& t) {
+    AttnBias b;
+    b.view = t.c();
+    for (int i = 0; i < 4; ++i) b.extents[i] = t.extents[i];
+    return b;
+  }
+  bool present() const { return view.data != nullptr; }
+};
+
+// headsum_attn_options with views: window (0: none), softcap (0: none),
+// ALiBi slopes and sinks [H] (empty: none), the bias (empty: none).
+struct AttnOptions {
+  int64_t window = 0;
+  float softcap = 0.0f;
+  In alibi_slopes;
+  In sinks;
+  AttnBias bias;
+};
+
+namespace detail {
+// `o` as the C options for a call over [B][H][Sq][Skv]: the views' sizes
+// checked (slopes and sinks hold H, the bias's extents are the call's or 1),
+// the bias's strides 0 where it broadcasts (into *bias).
+inline headsum_attn_options c_options(const char* fn, const AttnOptions& o, int64_t batch,
+                                      int64_t heads, int64_t seq_q, int64_t seq_kv,
+                                      headsum_tensor* bias) {
+  expect(fn, "alibi_slopes", o.alibi_slopes, count(heads, 1));
+  expect(fn, "sinks", o.sinks, count(heads, 1));
+  headsum_attn_options c;
+  c.window = o.window;
+  c.softcap = o.softcap;
+  c.alibi_slopes = o.alibi_slopes.size() != 0 ? o.alibi_slopes.data() : nullptr;
+  c.sinks = o.sinks.size() != 0 ? o.sinks.data() : nullptr;
+  c.bias = nullptr;
+  if (o.bias.present()) {
+    const int64_t want[4] = {batch, heads, seq_q, seq_kv};
+    *bias = o.bias.view;
+    for (int i = 0; i < 4; ++i) {
+      const int64_t e = o.bias.extents[i];
+      if (e == want[i]) continue;
+      if (e == 1 && i < 3) {
+        bias->strides[i] = 0;  // broadcast
+        continue;
+      }
+      throw Error(HEADSUM_ERR_INVALID_ARGUMENT,
+                  std::string(fn) + ": bias extent " + std::to_string(i) + " is " +
+                      std::to_string(e) + ", the call needs " + std::to_string(want[i]) +
+                      (i < 3 ? " (or 1 to broadcast)" : " (j is not broadcast)"));
+    }
+    c.bias = bias;
+  }
+  return c;
+}
+}  // namespace detail
+
+// attention on views with options (headsum_attention_tensors_ex).
+template <class TQ, class TK, class TV, class TO>
+void attention(const AttnShape& s, const AttnOptions& options, const Tensor<TQ>& q,
+               const Tensor<TK>& k, const Tensor<TV>& v, const Tensor<TO>& out) {
+  const char* fn = "attention";
+  detail::expect_extents(fn, "q", q, s.batch, s.heads, s.seq_q, s.head_dim);
+  detail::expect_extents(fn, "k", k, s.batch, s.kv(), s.seq_kv, s.head_dim);
+  detail::expect_extents(fn, "v", v, s.batch, s.kv(), s.seq_kv, s.head_dim);
+  detail::expect_extents(fn, "out", out, s.batch, s.heads, s.seq_q, s.head_dim);
+  headsum_tensor bias;
+  const headsum_attn_options opt =
+      detail::c_options(fn, options, s.batch, s.heads, s.seq_q, s.seq_kv, &bias);
+  const headsum_attn_shape c = s.c();
+  const headsum_tensor tq = q.c(), tk = k.c(), tv = v.c(), to = out.c();
+  check(headsum_attention_tensors_ex(&c, &opt, &tq, &tk, &tv, &to));
+}
+
 // project_heads_sum on views: heads [B][H][S][L], wo a [H*L][D] matrix,
 // y [B][1][S][D] (Tensor::bhsd(y, B, 1, S, D) or with a row stride); bias
 // [D] or an empty view.
@@ -486,6 +576,12 @@ void convert(const Tensor<TS>& src, const Tensor<TD>& dst) {
 //   headsum::KvCache cache = mha.new_cache(/*batch=*/1, /*capacity=*/4096);
 //   mha.forward(cache, /*batch=*/1, /*seq=*/prompt_len, x, y);   // prefill
 //   mha.forward(cache, 1, 1, x_next, y_next);                    // a step
+//
+// With what the model adds to the scores (copied; no bias):
+//   headsum::AttnOptions opt;
+//   opt.window = 4096;
+//   opt.sinks = sinks;                                           // [H]
+//   headsum::Mha sliding(config, opt, weights);
 
 struct MhaConfig {
   int64_t model_dim = 1, heads = 1, kv_heads = 0, head_dim = 1;  // kv_heads 0: = heads
@@ -558,6 +654,16 @@ class Mha {
     check(headsum_mha_create(&c, w.wq.data(), w.wk.data(), w.wv.data(), w.wo.data(),
                              w.bq.data(), w.bk.data(), w.bv.data(), w.bo.data(), &mha_));
   }
+  // With options (headsum_mha_create_ex): window, softcap, slopes and sinks
+  // [H] are copied; a bias is refused.
+  Mha(const MhaConfig& config, const AttnOptions& options, const MhaWeights& w)
+      : config_(config) {
+    check_weights("Mha", w, config.heads, config.kv());
+    const headsum_mha_config c = config.c();
+    const headsum_attn_options opt = layer_options("Mha", options);
+    check(headsum_mha_create_ex(&c, &opt, w.wq.data(), w.wk.data(), w.wv.data(), w.wo.data(),
+                                w.bq.data(), w.bk.data(), w.bv.data(), w.bo.data(), &mha_));
+  }
   // Query heads [head_begin, head_end) (whole kv groups), from their own
   // slices only (headsum_mha_create_shard).
   static Mha shard(const MhaConfig& config, int64_t head_begin, int64_t head_end,
@@ -572,6 +678,24 @@ class Mha {
     check(headsum_mha_create_shard(&c, head_begin, head_end, w.wq.data(), w.wk.data(),
                                    w.wv.data(), w.wo.data(), w.bq.data(), w.bk.data(),
                                    w.bv.data(), w.bo.data(), &m.mha_));
+    return m;
+  }
+  // A shard with options (headsum_mha_create_shard_ex): `options` holds the
+  // whole layer's slopes and sinks [config.heads]; the shard keeps its
+  // heads' slice.
+  static Mha shard(const MhaConfig& config, const AttnOptions& options, int64_t head_begin,
+                   int64_t head_end, const MhaWeights& w) {
+    Mha m;
+    m.config_ = config;
+    const int64_t group = config.kv() > 0 && config.heads % config.kv() == 0
+                              ? config.heads / config.kv() : 1;
+    const int64_t heads = head_end - head_begin;
+    m.check_weights("Mha::shard", w, heads, heads / group);
+    const headsum_mha_config c = config.c();
+    const headsum_attn_options opt = m.layer_options("Mha::shard", options);
+    check(headsum_mha_create_shard_ex(&c, &opt, head_begin, head_end, w.wq.data(), w.wk.data(),
+                                      w.wv.data(), w.wo.data(), w.bq.data(), w.bk.data(),
+                                      w.bv.data(), w.bo.data(), &m.mha_));
     return m;
   }
   ~Mha() { headsum_mha_free(mha_); }
@@ -615,6 +739,19 @@ class Mha {
     detail::expect(fn, "bk", w.bk, detail::count(kv_heads, L));
     detail::expect(fn, "bv", w.bv, detail::count(kv_heads, L));
     detail::expect(fn, "bo", w.bo, detail::count(Dm, 1));
+  }
+  // The layer's options as the C call takes them: slopes and sinks hold the
+  // whole layer's H; a bias is passed on, for the C call to refuse by name.
+  headsum_attn_options layer_options(const char* fn, const AttnOptions& o) const {
+    detail::expect(fn, "alibi_slopes", o.alibi_slopes, detail::count(config_.heads, 1));
+    detail::expect(fn, "sinks", o.sinks, detail::count(config_.heads, 1));
+    headsum_attn_options c;
+    c.window = o.window;
+    c.softcap = o.softcap;
+    c.alibi_slopes = o.alibi_slopes.size() != 0 ? o.alibi_slopes.data() : nullptr;
+    c.sinks = o.sinks.size() != 0 ? o.sinks.data() : nullptr;
+    c.bias = o.bias.present() ? &o.bias.view : nullptr;
+    return c;
   }
   void run(const char* fn, headsum_kv_cache* cache, int64_t batch, int64_t seq, In x,
            Out y) const {
