@@ -6,7 +6,8 @@
 // them as they are:
 //   * attention and project_heads_sum: the tensor API (headsum_tensor views:
 //     float32/float16/bfloat16, any non-negative strides, last dim
-//     contiguous);
+//     contiguous); attention's bias likewise, broadcast through zero
+//     strides;
 //   * the per-head calls, gates and bias, which the C API takes as
 //     contiguous float32 only: float32 C-contiguous arrays as they are.
 // Anything else (a last dim that is not contiguous, negative strides, a
@@ -324,7 +325,8 @@ Array Import(nb::handle h, const char* name, int min_ndim, int max_ndim, const c
   if (ndim < min_ndim || ndim > max_ndim) {
     std::string dims = min_ndim == max_ndim
                            ? std::to_string(min_ndim)
-                           : std::to_string(min_ndim) + " or " + std::to_string(max_ndim);
+                           : std::to_string(min_ndim) + (max_ndim == min_ndim + 1 ? " or " : " to ") +
+                                 std::to_string(max_ndim);
     Invalid(std::string(name) + ": expected " + dims + " dims " + layout + ", got " +
             std::to_string(ndim) + " dims with shape " +
             ShapeString(a.nd.shape_ptr(), ndim));
@@ -536,10 +538,126 @@ headsum_tensor View4(const Array& a) { return View(a, a.strides[0], a.strides[1]
 std::string Dim(const char* name, int64_t value) { return std::string(name) + "=" + std::to_string(value); }
 
 // ---------------------------------------------------------------------------
+// What a model adds to the scores (headsum_attn_options)
+
+// A per-head vector [H] (ALiBi slopes, sinks): an array of any float dtype
+// or a sequence of numbers (made a float32 array here); None: absent.
+std::optional<Array> ImportPerHead(nb::handle h, const char* name, int64_t heads) {
+  if (h.is_none()) return std::nullopt;
+  nb::object held = nb::borrow(h);
+  if (PyList_Check(h.ptr()) || PyTuple_Check(h.ptr())) {
+    static PyObject* asarray = Cached("numpy", "asarray");
+    static PyObject* f32 = Cached("numpy", "float32");
+    held = nb::handle(asarray)(h, nb::handle(f32));
+  }
+  const std::string layout = "[H=" + std::to_string(heads) + "]";
+  Array a = Import(held, name, 1, 1, layout.c_str());
+  if (a.dim(0) != heads) {
+    Invalid(std::string(name) + ": expected shape " + layout + " = (" + std::to_string(heads) +
+            ",), one value per query head, got " + a.shape_str());
+  }
+  return a;
+}
+
+// The keyword options of attention and MHA, checked, with what the C call
+// reads: slopes and sinks staged to float32 (when they are not already),
+// the bias as a view that broadcasts through zero strides.
+struct Options {
+  int64_t window = 0;
+  float softcap = 0.0f;
+  std::optional<Array> slopes, sinks, bias;
+  // Filled by Resolve (without the GIL): what headsum_attn_options points at.
+  std::vector<float> slope_buffer, sink_buffer, bias_buffer;
+  headsum_tensor bias_view{};
+  headsum_attn_options c{};
+
+  bool any() const { return window != 0 || softcap != 0.0f || slopes || sinks || bias; }
+  std::vector<const Array*> arrays() const {
+    return {slopes ? &*slopes : nullptr, sinks ? &*sinks : nullptr, bias ? &*bias : nullptr};
+  }
+  // The C options (nullptr when there are none).  Runs without the GIL.
+  const headsum_attn_options* Resolve() {
+    if (!any()) return nullptr;
+    c.window = window;
+    c.softcap = softcap;
+    c.alibi_slopes = slopes ? StageF32(*slopes, slope_buffer) : nullptr;
+    c.sinks = sinks ? StageF32(*sinks, sink_buffer) : nullptr;
+    c.bias = nullptr;
+    if (bias) {
+      // Strides of the [B][H][Sq][Skv] view: the array's trailing dims line
+      // up with it; a missing or size-1 dim broadcasts (stride 0, as
+      // Import leaves extent-1 strides).
+      const Array& a = *bias;
+      int64_t st[4] = {0, 0, 0, 0};
+      void* data = a.data;
+      headsum_dtype dtype = a.dtype;
+      if (a.viewable()) {
+        for (int i = 0; i < a.ndim; ++i) st[4 - a.ndim + i] = a.strides[i];
+      } else {  // j not contiguous, or a negative stride: one float32 copy
+        data = const_cast<float*>(StageF32(a, bias_buffer));
+        dtype = HEADSUM_F32;
+        int64_t stride = 1;
+        for (int i = a.ndim - 1; i >= 0; --i) {
+          st[4 - a.ndim + i] = a.shape[i] == 1 ? 0 : stride;
+          stride *= a.shape[i];
+        }
+      }
+      bias_view.data = data;
+      bias_view.dtype = dtype;
+      bias_view.strides[0] = st[0];
+      bias_view.strides[1] = st[1];
+      bias_view.strides[2] = st[2];
+      c.bias = &bias_view;
+    }
+    return &c;
+  }
+};
+
+// window, softcap, alibi_slopes and sinks of a call over `heads` query heads.
+Options ImportOptions(int64_t window, double softcap, nb::handle slopes, nb::handle sinks,
+                      int64_t heads) {
+  Options o;
+  if (window < 0) {
+    Invalid("window: must be >= 0 (0: no window), got " + std::to_string(window));
+  }
+  if (!(softcap >= 0.0) || !std::isfinite(softcap)) {
+    Invalid("softcap: must be finite and >= 0 (0: no softcap), got " + std::to_string(softcap));
+  }
+  o.window = window;
+  o.softcap = static_cast<float>(softcap);  // past float's range: the C API says so
+  o.slopes = ImportPerHead(slopes, "alibi_slopes", heads);
+  o.sinks = ImportPerHead(sinks, "sinks", heads);
+  return o;
+}
+
+// bias broadcastable to [B][H][Sq][Skv] (NumPy's rules: trailing dims line
+// up, a dim of 1 or a missing leading one broadcasts), 2 to 4 dims; its
+// last dim must be Skv itself: the kernels read j contiguous.
+std::optional<Array> ImportBias(nb::handle h, int64_t B, int64_t H, int64_t Sq, int64_t Skv) {
+  if (h.is_none()) return std::nullopt;
+  const int64_t target[4] = {B, H, Sq, Skv};
+  const std::string layout = "broadcastable to [B][H][Sq][Skv] = " + ShapeString(target, 4);
+  Array a = Import(h, "bias", 2, 4, layout.c_str());
+  bool fits = a.dim(a.ndim - 1) == Skv;
+  for (int i = 0; i + 1 < a.ndim; ++i) {
+    const int64_t want = target[4 - a.ndim + i];
+    fits &= a.dim(i) == want || a.dim(i) == 1;
+  }
+  if (!fits) {
+    Invalid("bias: expected a shape " + layout + " with its last dim Skv=" +
+            std::to_string(Skv) + " (j is read contiguously, never broadcast), got " +
+            a.shape_str());
+  }
+  return a;
+}
+
+// ---------------------------------------------------------------------------
 // attention
 
 nb::object Attention(nb::handle q_, nb::handle k_, nb::handle v_, bool causal,
-                     std::optional<double> scale, nb::handle out_) {
+                     std::optional<double> scale, nb::handle out_, int64_t window,
+                     double softcap, nb::handle alibi_slopes_, nb::handle sinks_,
+                     nb::handle bias_) {
   const Array q = Import(q_, "q", 4, 4, "[B][H][Sq][L]");
   const Array k = Import(k_, "k", 4, 4, "[B][Hkv][Skv][L]");
   const Array v = Import(v_, "v", 4, 4, "[B][Hkv][Skv][L]");
@@ -557,23 +675,27 @@ nb::object Attention(nb::handle q_, nb::handle k_, nb::handle v_, bool causal,
     if (*scale == 0.0) Invalid("scale: must not be 0 (None means 1/sqrt(L))");
     scale_f = static_cast<float>(*scale);  // not finite: the C API says so
   }
+  Options options = ImportOptions(window, softcap, alibi_slopes_, sinks_, H);
+  options.bias = ImportBias(bias_, B, H, Sq, Skv);
+  const std::vector<const Array*> extra = options.arrays();
   const Output out = MakeOutput(out_, q, ResultDtype(q), {B, H, Sq, L}, "[B][H][Sq][L]",
-                                {&q, &k, &v});
+                                {&q, &k, &v, extra[0], extra[1], extra[2]});
   const Array& o = out.array;
   headsum_attn_shape shape{B, H, Hkv, Sq, Skv, L, scale_f, causal ? 1 : 0};
   headsum_status status;
   if (q.viewable() && k.viewable() && v.viewable() && o.viewable()) {
     const headsum_tensor tq = View4(q), tk = View4(k), tv = View4(v), to = View4(o);
     nb::gil_scoped_release release;
-    status = headsum_attention_tensors(&shape, &tq, &tk, &tv, &to);
+    status = headsum_attention_tensors_ex(&shape, options.Resolve(), &tq, &tk, &tv, &to);
   } else {
     nb::gil_scoped_release release;
     std::vector<float> qb, kb, vb, ob;
-    const float* qp = StageF32(q, qb);
-    const float* kp = StageF32(k, kb);
-    const float* vp = StageF32(v, vb);
+    headsum_tensor tq = headsum_bhsd(const_cast<float*>(StageF32(q, qb)), HEADSUM_F32, H, Sq, L);
+    headsum_tensor tk = headsum_bhsd(const_cast<float*>(StageF32(k, kb)), HEADSUM_F32, Hkv, Skv, L);
+    headsum_tensor tv = headsum_bhsd(const_cast<float*>(StageF32(v, vb)), HEADSUM_F32, Hkv, Skv, L);
     float* op = OutputF32(o, ob);
-    status = headsum_attention(&shape, qp, kp, vp, op);
+    headsum_tensor to = headsum_bhsd(op, HEADSUM_F32, H, Sq, L);
+    status = headsum_attention_tensors_ex(&shape, options.Resolve(), &tq, &tk, &tv, &to);
     if (status == HEADSUM_OK) Unstage(op, o);
   }
   Check(status);
@@ -833,7 +955,8 @@ class Layer {
   Layer(nb::handle wq_, nb::handle wk_, nb::handle wv_, nb::handle wo_, int64_t heads,
         std::optional<int64_t> kv_heads, bool causal, double rope_theta, nb::handle bq_,
         nb::handle bk_, nb::handle bv_, nb::handle bo_, const std::string& weight_dtype,
-        const std::string& cache_dtype) {
+        const std::string& cache_dtype, int64_t window, double softcap,
+        nb::handle alibi_slopes_, nb::handle sinks_) {
     if (heads < 1) Invalid("heads: must be >= 1, got " + std::to_string(heads));
     const Array wq = Import(wq_, "wq", 2, 2, "[Dm][H*L]");
     if (wq.dim(1) % heads != 0) {
@@ -868,6 +991,9 @@ class Layer {
     const std::optional<Array> bk = ImportVector(bk_, "bk", kv_len.c_str(), Hkv * L);
     const std::optional<Array> bv = ImportVector(bv_, "bv", kv_len.c_str(), Hkv * L);
     const std::optional<Array> bo = ImportVector(bo_, "bo", d_len.c_str(), Dm);
+    Options options = ImportOptions(window, softcap, alibi_slopes_, sinks_, heads);
+    window_ = options.window;
+    softcap_ = options.softcap;
     config_ = headsum_mha_config{Dm,
                                  heads,
                                  Hkv,
@@ -883,9 +1009,12 @@ class Layer {
       auto staged = [&](const std::optional<Array>& a, std::vector<float>& buf) {
         return a ? StageF32(*a, buf) : nullptr;
       };
-      status = headsum_mha_create(&config_, StageF32(wq, b[0]), StageF32(wk, b[1]),
-                                  StageF32(wv, b[2]), StageF32(wo, b[3]), staged(bq, b[4]),
-                                  staged(bk, b[5]), staged(bv, b[6]), staged(bo, b[7]), &mha_);
+      // The options are copied by the layer: a layer without them is the
+      // plain one.
+      status = headsum_mha_create_ex(&config_, options.Resolve(), StageF32(wq, b[0]),
+                                     StageF32(wk, b[1]), StageF32(wv, b[2]), StageF32(wo, b[3]),
+                                     staged(bq, b[4]), staged(bk, b[5]), staged(bv, b[6]),
+                                     staged(bo, b[7]), &mha_);
     }
     Check(status);
   }
@@ -935,6 +1064,8 @@ class Layer {
   }
 
   headsum_mha_config config_;
+  int64_t window_ = 0;
+  float softcap_ = 0.0f;
   headsum_mha* mha_ = nullptr;
 };
 
@@ -961,14 +1092,31 @@ NB_MODULE(_headsum, m) {
   m.attr("__version__") = headsum_version();
 
   m.def("attention", &Attention, "q"_a.none(), "k"_a.none(), "v"_a.none(), nb::kw_only(), "causal"_a = false,
-        "scale"_a = nb::none(), "out"_a = nb::none(),
-        R"(attention(q, k, v, *, causal=False, scale=None, out=None) -> array
+        "scale"_a = nb::none(), "out"_a = nb::none(), "window"_a = 0, "softcap"_a = 0.0,
+        "alibi_slopes"_a = nb::none(), "sinks"_a = nb::none(), "bias"_a = nb::none(),
+        R"(attention(q, k, v, *, causal=False, scale=None, out=None, window=0, softcap=0.0,
+          alibi_slopes=None, sinks=None, bias=None) -> array
 
 O = softmax(scale * Q K^T + mask) V per head, without materializing the
 scores (flash-style online softmax).
 
 q    [B][H][Sq][L]      k, v  [B][Hkv][Skv][L]   (Hkv divides H: MHA, GQA, MQA)
 returns / out  [B][H][Sq][L]
+alibi_slopes, sinks  [H]     bias  broadcastable to [B][H][Sq][Skv]
+
+What a model adds to the scores.  Query row i sits at position
+p = i + (Skv - Sq) (bottom-right, as causal is), key j at j.  Per score, in
+this order: s = scale q.k; s = softcap * tanh(s / softcap) if softcap > 0;
+s += alibi_slopes[h] * (j - p); s += bias[b][h][i][j]; then masked keys
+are removed (causal: j > p; window > 0: causal calls see
+p - window < j <= p, others |j - p| < window); sinks[h] joins each row's
+softmax denominator only (exp(sinks[h] - max)).  A row that sees no key
+gives zeros.  bias follows NumPy broadcasting from 2, 3 or 4 dims (a
+key-padding mask [B][1][1][Skv], a per-head term [1][H][Sq][Skv] or
+[H][Sq][Skv], one [Sq][Skv] for all), size-1 dims read with stride 0,
+never copied; its last dim must be Skv and contiguous (else one float32
+copy); -inf removes a key; any dtype the other arrays take.
+alibi_slopes and sinks: float arrays or sequences of H numbers, finite.
 
 Arrays: NumPy float32/float16 or DLPack tensors (torch float32/float16/
 bfloat16) on the CPU, any strides; read in place (no copy) when each one's
@@ -1069,7 +1217,8 @@ call at a time uses it.)")
   nb::class_<Layer>(m, "MHA",
                     R"(MHA(wq, wk, wv, wo, heads=8, kv_heads=None, causal=True, rope_theta=0.0,
     bq=None, bk=None, bv=None, bo=None, weight_dtype="float32",
-    cache_dtype="float32")
+    cache_dtype="float32", window=0, softcap=0.0, alibi_slopes=None,
+    sinks=None)
 
 The whole attention layer: x -> x @ [Wq Wk Wv] (+ biases) -> rotary
 positions on Q and K (rope_theta > 0; rotate-half, as Llama) -> attention
@@ -1083,14 +1232,20 @@ with a cache (mha.new_cache(batch, capacity)) the S tokens follow the ones
 it holds (positions len .. len+S-1) and are appended; without one, x
 attends to itself.  x is read in place when float32 C-contiguous (else
 converted once); out may be x itself.  The GIL is released during the
-call.)")
+call.
+window, softcap, alibi_slopes [H], sinks [H]: what the model adds to the
+scores, as attention() takes them (a Mistral or gpt-oss sliding layer, Gemma
+2's softcap, BLOOM's ALiBi, gpt-oss's sinks), copied at creation; the
+queries sit at their cache positions.)")
       .def(nb::init<nb::handle, nb::handle, nb::handle, nb::handle, int64_t,
                     std::optional<int64_t>, bool, double, nb::handle, nb::handle, nb::handle,
-                    nb::handle, const std::string&, const std::string&>(),
+                    nb::handle, const std::string&, const std::string&, int64_t, double,
+                    nb::handle, nb::handle>(),
            "wq"_a.none(), "wk"_a.none(), "wv"_a.none(), "wo"_a.none(), "heads"_a = 8,
            "kv_heads"_a = nb::none(), "causal"_a = true, "rope_theta"_a = 0.0,
            "bq"_a = nb::none(), "bk"_a = nb::none(), "bv"_a = nb::none(), "bo"_a = nb::none(),
-           "weight_dtype"_a = "float32", "cache_dtype"_a = "float32")
+           "weight_dtype"_a = "float32", "cache_dtype"_a = "float32", "window"_a = 0,
+           "softcap"_a = 0.0, "alibi_slopes"_a = nb::none(), "sinks"_a = nb::none())
       .def("__call__", &Layer::Forward, "x"_a.none(), "cache"_a = nb::none(), nb::kw_only(),
            "out"_a = nb::none(), "y [B][S][Dm] (float32) for x [B][S][Dm].")
       .def("new_cache", &Layer::NewCache, "batch"_a = 1, "capacity"_a = 4096,
@@ -1100,7 +1255,9 @@ call.)")
       .def_prop_ro("kv_heads", [](const Layer& l) { return l.config_.kv_heads; })
       .def_prop_ro("head_dim", [](const Layer& l) { return l.config_.head_dim; })
       .def_prop_ro("causal", [](const Layer& l) { return l.config_.causal != 0; })
-      .def_prop_ro("rope_theta", [](const Layer& l) { return l.config_.rope_theta; });
+      .def_prop_ro("rope_theta", [](const Layer& l) { return l.config_.rope_theta; })
+      .def_prop_ro("window", [](const Layer& l) { return l.window_; })
+      .def_prop_ro("softcap", [](const Layer& l) { return l.softcap_; });
 
   m.def("set_target", &SetTarget, "name"_a = nb::none(),
         R"(set_target(name=None)

@@ -5,11 +5,13 @@ Array arguments are NumPy arrays (float32, float16) or DLPack tensors
 or torch tensors when the call's first array is a torch tensor.
 """
 
-from typing import Any, Optional, Tuple
+from typing import Any, Optional, Sequence, Tuple, Union
 
 
 # A NumPy array or any object with __dlpack__ (torch.Tensor, ...).
 ArrayLike = Any
+# [H] values, one per query head: an array or a sequence of numbers.
+PerHead = Union[ArrayLike, Sequence[float]]
 
 __version__: str
 
@@ -21,9 +23,22 @@ def attention(
     causal: bool = False,
     scale: Optional[float] = None,
     out: Optional[ArrayLike] = None,
+    window: int = 0,
+    softcap: float = 0.0,
+    alibi_slopes: Optional[PerHead] = None,
+    sinks: Optional[PerHead] = None,
+    bias: Optional[ArrayLike] = None,
 ) -> ArrayLike:
     """O [B][H][Sq][L] = softmax(scale Q K^T + mask) V; q [B][H][Sq][L],
-    k and v [B][Hkv][Skv][L] (Hkv divides H).  scale None: 1/sqrt(L)."""
+    k and v [B][Hkv][Skv][L] (Hkv divides H).  scale None: 1/sqrt(L).
+
+    With what a model adds, query i at position p = i + (Skv - Sq), key j
+    at j: s = scale q.k; s = softcap tanh(s / softcap) (softcap > 0);
+    s += alibi_slopes[h] (j - p); s += bias[b][h][i][j]; keys outside the
+    window (window > 0: causal p - window < j <= p, else |j - p| < window)
+    and the causal mask removed; sinks[h] joins the denominator only.
+    alibi_slopes, sinks [H]; bias broadcastable to [B][H][Sq][Skv] (2-4
+    dims, last dim Skv), -inf removes a key."""
 
 def project_heads_sum(
     o: ArrayLike,
@@ -77,8 +92,8 @@ class KVCache:
 
 class MHA:
     """The whole attention layer: x @ [Wq Wk Wv] (+ biases), RoPE, attention
-    (GQA), y = sum_h O_h Wo[h] + bo.  wq [Dm][H*L], wk/wv [Dm][Hkv*L],
-    wo [H*L][Dm]."""
+    (GQA; with a window, softcap, ALiBi slopes, sinks), y = sum_h O_h Wo[h]
+    + bo.  wq [Dm][H*L], wk/wv [Dm][Hkv*L], wo [H*L][Dm]."""
 
     model_dim: int
     heads: int
@@ -86,6 +101,8 @@ class MHA:
     head_dim: int
     causal: bool
     rope_theta: float
+    window: int
+    softcap: float
     def __init__(
         self,
         wq: ArrayLike,
@@ -102,7 +119,13 @@ class MHA:
         bo: Optional[ArrayLike] = None,
         weight_dtype: str = "float32",
         cache_dtype: str = "float32",
-    ) -> None: ...
+        window: int = 0,
+        softcap: float = 0.0,
+        alibi_slopes: Optional[PerHead] = None,
+        sinks: Optional[PerHead] = None,
+    ) -> None:
+        """window, softcap, alibi_slopes [H], sinks [H]: what the model adds
+        to the scores, as attention() takes them, copied."""
     def __call__(
         self, x: ArrayLike, cache: Optional[KVCache] = None, *, out: Optional[ArrayLike] = None
     ) -> ArrayLike:

@@ -37,40 +37,103 @@ def dtype_name(a):
     return str(a.dtype).replace("torch.", "")
 
 
-def visible(sq, skv, causal):
-    """[Sq][Skv] mask: query i sees key j (bottom-right aligned)."""
-    if not causal:
-        return np.ones((sq, skv), dtype=bool)
-    i = np.arange(sq)[:, None]
+def visible(sq, skv, causal, window=0):
+    """[Sq][Skv] mask: query i (at position p = i + Skv - Sq, bottom-right
+    aligned) sees key j: causal j <= p; a window, causal p - window < j <= p,
+    else |j - p| < window."""
+    p = np.arange(sq)[:, None] + (skv - sq)
     j = np.arange(skv)[None, :]
-    return j <= i + (skv - sq)
+    vis = np.ones((sq, skv), dtype=bool)
+    if causal:
+        vis &= j <= p
+    if window > 0:
+        vis &= (j > p - window) if causal else (np.abs(j - p) < window)
+    return vis
 
 
-def attention_ref(q, k, v, causal, scale):
+def score_options(s, softcap=0.0, alibi_slopes=None, bias=None):
+    """What a model adds to the scores s = scale q.k [B][H][Sq][Skv], in the
+    kernels' order (softcap tanh, + slope (j - p), + bias), and the error
+    those steps add in float32 (tests/error_bounds.cc, OptionsScoreError):
+    the softcap c (EXP_REL_ERR / 2 + 5 eps) + 4 eps |s|; each added term
+    eps |term| + eps |the sum so far|.  bias: float64 values broadcastable
+    to s (-inf removes a key, adds no error)."""
+    Sq, Skv = s.shape[2], s.shape[3]
+    mag = np.abs(s)
+    err = np.zeros(s.shape)
+    if softcap > 0:
+        err = err + softcap * (EXP_REL_ERR / 2 + 5 * EPS) + 4 * EPS * mag
+        s = softcap * np.tanh(s / softcap)
+        mag = softcap * np.tanh(mag / softcap)
+    if alibi_slopes is not None:
+        dist = np.arange(Skv)[None, :] - (np.arange(Sq)[:, None] + (Skv - Sq))
+        term = np.asarray(alibi_slopes, np.float64)[None, :, None, None] * dist[None, None]
+        s = s + term
+        mag = mag + np.abs(term)
+        err = err + EPS * np.abs(term) + EPS * mag
+    if bias is not None:
+        b = np.broadcast_to(bias, s.shape)
+        finite = np.isfinite(b)
+        s = s + b
+        term = np.where(finite, np.abs(b), 0.0)
+        mag = mag + term
+        err = err + np.where(finite, EPS * term + EPS * mag, 0.0)
+    return s, err
+
+
+def softmax_v(s, score_err, vis, v, sinks=None, v_err=None):
+    """O = softmax(S) V over the visible, finite scores (a sink joining each
+    row's denominator), and its first-order float32 error (without SAFETY):
+    sum_j p_j delta_j |v_j| + delta_bar A + (2 Skv + 4) eps A (+ 4 eps A with
+    sinks) + sum_j p_j v_err_j, A = sum_j p_j |v_j|; delta_j the relative
+    error of weight j (exp, forming s_j - m, the score's own error), the
+    sink's in delta_bar (tests/error_bounds.cc, SoftmaxVBoundImpl).  s,
+    score_err, vis [B][H][Sq][Skv]; v, v_err [B][H][Skv][L]."""
+    Skv = s.shape[-1]
+    vis = vis & (s > -np.inf)
+    any_visible = vis.any(axis=-1, keepdims=True)
+    m = np.where(vis, s, -np.inf).max(axis=-1, keepdims=True)
+    m = np.where(any_visible, m, 0.0)
+    sink_p = np.zeros(m.shape)
+    sink_delta = np.zeros(m.shape)
+    if sinks is not None:
+        sink = np.asarray(sinks, np.float64)[None, :, None, None]
+        m = np.maximum(m, sink)
+        sink_p = np.where(any_visible, np.exp(sink - m), 0.0)
+        sink_delta = np.minimum(EXP_REL_ERR + 3 * EPS * (np.abs(sink) + np.abs(m)), 1.0)
+    w = np.where(vis, np.exp(np.where(vis, s - m, 0.0)), 0.0)
+    z = w.sum(axis=-1, keepdims=True) + sink_p
+    p = np.where(any_visible, w / np.where(z > 0, z, 1.0), 0.0)
+    o = p @ v
+    delta = EXP_REL_ERR + 2 * EPS * (np.abs(np.where(vis, s, 0.0)) + np.abs(m)) + score_err
+    delta = np.where(np.where(vis, s, 0.0) - m < -80.0, 1.0, delta)
+    delta = np.where(vis, np.minimum(delta, 1.0), 0.0)
+    delta_bar = (p * delta).sum(axis=-1, keepdims=True)
+    delta_bar = delta_bar + np.where(any_visible, sink_p / np.where(z > 0, z, 1.0), 0.0) * sink_delta
+    a = p @ np.abs(v)
+    weighted = (p * delta) @ np.abs(v)
+    accumulation = (2 * Skv + 4) * EPS + (4 * EPS if sinks is not None else 0.0)
+    err = weighted + delta_bar * a + accumulation * a
+    if v_err is not None:
+        err = err + p @ v_err
+    return o, err
+
+
+def attention_ref(q, k, v, causal, scale, window=0, softcap=0.0, alibi_slopes=None,
+                  sinks=None, bias=None):
     """O and its float32-kernel error bound.  q [B][H][Sq][L], k/v [B][Hkv][Skv][L]
-    (float64 holding the kernel's inputs); scale the value the kernel uses."""
+    (float64 holding the kernel's inputs); scale the value the kernel uses;
+    the options as headsum.attention takes them (float64 values)."""
     B, H, Sq, L = q.shape
     Hkv, Skv = k.shape[1], k.shape[2]
     kk = np.repeat(k, H // Hkv, axis=1)
     vv = np.repeat(v, H // Hkv, axis=1)
     s = scale * np.einsum("bhil,bhjl->bhij", q, kk)
     score_err = (L + 3) * EPS * abs(scale) * np.einsum("bhil,bhjl->bhij", np.abs(q), np.abs(kk))
-    vis = np.broadcast_to(visible(Sq, Skv, causal), s.shape)
-    any_visible = vis.any(axis=-1, keepdims=True)
-    m = np.where(vis, s, -np.inf).max(axis=-1, keepdims=True)
-    m = np.where(any_visible, m, 0.0)
-    w = np.where(vis, np.exp(np.where(vis, s - m, 0.0)), 0.0)
-    z = w.sum(axis=-1, keepdims=True)
-    p = np.where(any_visible, w / np.where(z > 0, z, 1.0), 0.0)
-    o = p @ vv
-    delta = EXP_REL_ERR + 2 * EPS * (np.abs(s) + np.abs(m)) + score_err
-    delta = np.where(s - m < -80.0, 1.0, delta)
-    delta = np.where(vis, np.minimum(delta, 1.0), 0.0)
-    delta_bar = (p * delta).sum(axis=-1, keepdims=True)
-    a = p @ np.abs(vv)
-    weighted = (p * delta) @ np.abs(vv)
-    bound = SAFETY * (weighted + delta_bar * a + (2 * Skv + 4) * EPS * a)
-    return o, bound
+    s, extra = score_options(s, softcap, alibi_slopes, bias)
+    vis = np.broadcast_to(visible(Sq, Skv, causal, window), s.shape)
+    o, err = softmax_v(s, score_err + extra, vis, vv, sinks)
+    return o, SAFETY * err
 
 
 def split_wo(wo, heads):

@@ -15,7 +15,7 @@ import pytest
 
 import headsum
 from conftest import copies, torch_or_skip
-from reference import EPS, EXP_REL_ERR, ROUNDING, SAFETY, visible
+from reference import EPS, ROUNDING, SAFETY, score_options, softmax_v, visible
 
 
 def rounded(w, dtype_name):
@@ -40,9 +40,11 @@ def rope(x, e, positions, theta):
     return out, np.concatenate([mixed, mixed], -1)
 
 
-def layer_ref(x, w, heads, kv_heads, causal, theta, cache_dtype):
+def layer_ref(x, w, heads, kv_heads, causal, theta, cache_dtype, window=0, softcap=0.0,
+              alibi_slopes=None, sinks=None):
     """y [B][T][Dm] for the whole sequence x [B][T][Dm] (a cache fed the same
-    tokens in chunks must agree when causal), and its bound."""
+    tokens in chunks must agree when causal), and its bound; with the options
+    of MHA (reference.py's score_options and softmax_v)."""
     wq, wk, wv, wo, bq, bk, bv, bo = w
     B, T, Dm = x.shape
     L = wq.shape[1] // heads
@@ -73,15 +75,9 @@ def layer_ref(x, w, heads, kv_heads, causal, theta, cache_dtype):
         + eq @ np.abs(k).transpose(0, 1, 3, 2)
         + np.abs(q) @ ek.transpose(0, 1, 3, 2)
     )
-    vis = np.broadcast_to(visible(T, T, causal), s.shape)
-    m = np.where(vis, s, -np.inf).max(-1, keepdims=True)
-    p = np.where(vis, np.exp(np.where(vis, s - m, 0)), 0)
-    p /= p.sum(-1, keepdims=True)
-    o = p @ v
-    delta = np.where(vis, np.minimum(EXP_REL_ERR + 2 * EPS * (np.abs(s) + np.abs(m)) + s_err, 1), 0)
-    a = p @ np.abs(v)
-    eo = (p * delta) @ np.abs(v) + (p * delta).sum(-1, keepdims=True) * a + (2 * T + 4) * EPS * a
-    eo = eo + p @ ev
+    s, extra = score_options(s, softcap, alibi_slopes)
+    vis = np.broadcast_to(visible(T, T, causal, window), s.shape)
+    o, eo = softmax_v(s, s_err + extra, vis, v, sinks, v_err=ev)
     oc = o.transpose(0, 2, 1, 3).reshape(B, T, heads * L)
     eoc = eo.transpose(0, 2, 1, 3).reshape(B, T, heads * L)
     y = oc @ wo + (0 if bo is None else bo)
@@ -243,3 +239,89 @@ def test_cache_keeps_its_layer_alive(rng):
     del mha
     gc.collect()
     assert len(cache) == 2 and y.shape == x.shape
+
+
+# --- the layer with options (window, softcap, alibi_slopes, sinks) ----------
+
+OPTION_CONFIGS = [
+    # Dm, H, Hkv, L, causal, rope_theta, cache_dtype, options
+    (32, 4, 2, 8, True, 10000.0, "float32", {"window": 5}),
+    (32, 4, 4, 8, False, 0.0, "float32", {"window": 3}),
+    (40, 2, 2, 20, True, 0.0, "float32", {"softcap": 1.5}),
+    (48, 4, 1, 12, True, 500.0, "float32", {"alibi_slopes": [1.0, 0.5, 0.25, 0.125]}),
+    (32, 4, 2, 8, False, 0.0, "float32", {"sinks": [0.5, -1.0, 2.0, 0.0]}),
+    (32, 4, 2, 8, True, 10000.0, "bfloat16",
+     {"window": 6, "softcap": 2.0, "alibi_slopes": [0.5, 0.25, 0.125, 0.0625], "sinks": [1.0, 0.0, -1.0, 0.5]}),
+]
+
+
+def ref_options(options):
+    out = dict(options)
+    for name in ("alibi_slopes", "sinks"):
+        if name in out:
+            out[name] = np.asarray(out[name], np.float32).astype(np.float64)
+    if "softcap" in out:
+        out["softcap"] = float(np.float32(out["softcap"]))
+    return out
+
+
+@pytest.mark.parametrize("config", OPTION_CONFIGS)
+def test_layer_with_options(rng, config):
+    """Without a cache, and through one in chunks (causal): within the bound of
+    the reference layer with the same options; the plain layer is not."""
+    Dm, H, Hkv, L, causal, theta, cdt, options = config
+    w = make_layer(rng, Dm, H, Hkv, L)
+    mha = headsum.MHA(*w[:4], heads=H, kv_heads=Hkv, causal=causal, rope_theta=theta,
+                      bq=w[4], bk=w[5], bv=w[6], bo=w[7], cache_dtype=cdt, **options)
+    assert (mha.window, mha.softcap) == (options.get("window", 0), np.float32(options.get("softcap", 0.0)))
+    B, T = 2, 17
+    x = rng.standard_normal((B, T, Dm)).astype(np.float32)
+    wr = [None if a is None else a.astype(np.float64) for a in w]
+    ro = ref_options(options)
+    ref, bound = layer_ref(x.astype(np.float64), wr, H, Hkv, causal, np.float32(theta), "float32", **ro)
+    y = mha(x)
+    check(y, ref, bound, f"layer {config} without a cache")
+    plain = headsum.MHA(*w[:4], heads=H, kv_heads=Hkv, causal=causal, rope_theta=theta,
+                        bq=w[4], bk=w[5], bv=w[6], bo=w[7])
+    assert np.abs(plain(x) - ref).max() > 1e-3, "the options changed nothing"
+    if not causal:
+        return
+    ref, bound = layer_ref(x.astype(np.float64), wr, H, Hkv, True, np.float32(theta), cdt, **ro)
+    cache = mha.new_cache(batch=B, capacity=T)
+    start = 0
+    for chunk in (7, 1, 1, 5, 1, 2):
+        y = mha(x[:, start : start + chunk], cache)
+        check(y, ref[:, start : start + chunk], bound[:, start : start + chunk], f"tokens {start}..")
+        start += chunk
+
+
+def test_layer_options_as_arrays_and_copied(rng):
+    Dm, H, L = 32, 4, 8
+    w = make_layer(rng, Dm, H, H, L)
+    slopes = np.array([0.5, 0.25, 0.125, 0.0625], np.float32)
+    sinks = np.array([1.0, 0.0, -1.0, 0.5], np.float16)  # any float dtype: staged
+    mha = headsum.MHA(*w[:4], heads=H, alibi_slopes=slopes, sinks=sinks, window=4)
+    same = headsum.MHA(*w[:4], heads=H, alibi_slopes=slopes.tolist(),
+                       sinks=sinks.astype(np.float32).tolist(), window=4)
+    x = rng.standard_normal((1, 9, Dm)).astype(np.float32)
+    y = mha(x)
+    slopes[:] = np.nan  # the layer holds its own copy
+    assert np.array_equal(mha(x), y)
+    assert np.array_equal(same(x), y)
+
+
+def test_layer_option_errors(rng):
+    Dm, H, Hkv, L = 32, 4, 2, 8
+    w = make_layer(rng, Dm, H, Hkv, L)
+    for kwargs, pattern in [
+        ({"window": -2}, r"window: must be >= 0 \(0: no window\), got -2"),
+        ({"softcap": -1.0}, r"softcap: must be finite and >= 0"),
+        ({"alibi_slopes": [1.0, 2.0]}, r"alibi_slopes: expected shape \[H=4\] = \(4,\), one value per query head, got \(2,\)"),
+        ({"sinks": np.zeros(8, np.float32)}, r"sinks: expected shape \[H=4\]"),
+        ({"sinks": [0.0, float("nan"), 0.0, 0.0]}, r"headsum_mha_create_ex: options->sinks\[1\] = nan must be finite"),
+        ({"alibi_slopes": [0.0, 0.0, float("inf"), 0.0]}, r"options->alibi_slopes\[2\] = inf must be finite"),
+    ]:
+        with pytest.raises(ValueError, match=pattern):
+            headsum.MHA(*w[:4], heads=H, kv_heads=Hkv, **kwargs)
+    with pytest.raises(TypeError):  # the layer takes no bias
+        headsum.MHA(*w[:4], heads=H, kv_heads=Hkv, bias=np.zeros((1, 1, 1, 1), np.float32))
