@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import headsum
-from conftest import copies, torch_or_skip
+from conftest import copies, runnable_targets, torch_or_skip
 from reference import assert_within, attention_ref, f64
 
 SHAPES = [
@@ -106,6 +106,15 @@ def test_scale_with_options(rng):
     for scale in (0.05, 2.0):
         options = {"softcap": 3.0, "alibi_slopes": [0.5, 0.25], "sinks": [0.0, 1.0]}
         check(headsum.attention(q, k, v, scale=scale, **options), q, k, v, False, scale, **options)
+
+
+def test_all_options_on_every_target(rng):
+    B, H, Hkv, Sq, Skv, L = 2, 4, 2, 5, 70, 16
+    q, k, v = make_qkv(rng, B, H, Hkv, Sq, Skv, L)
+    options = options_for("all", rng, B, H, Sq, Skv)
+    for name in runnable_targets():
+        headsum.set_target(name)
+        check(headsum.attention(q, k, v, causal=True, **options), q, k, v, True, **options)
 
 
 # --- the bias: broadcasting, -inf, zero-copy --------------------------------

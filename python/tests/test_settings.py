@@ -78,21 +78,27 @@ def test_bounds_can_fail(rng):
 # --- the GIL ---------------------------------------------------------------
 
 
-def test_gil_released_during_kernel():
+@pytest.mark.parametrize("with_options", [False, True])
+def test_gil_released_during_kernel(with_options):
     """While one thread is inside a long attention call, the main thread runs
     Python code.  It records the longest gap between two of its loop steps:
     with the GIL held for the call, that gap is the whole call (the main
     thread waits for the GIL); released, it is a scheduling slice.  This
-    holds on one core too."""
+    holds on one core too, with the options as without."""
     headsum.set_num_threads(1)
     rng = np.random.default_rng(6)
     q, k, v = (rng.standard_normal((1, 8, 4096, 64)).astype(np.float32) for _ in range(3))
+    options = {}
+    if with_options:
+        mask = np.zeros((1, 1, 1, 4096), np.float32)
+        mask[..., :100] = -np.inf
+        options = {"bias": mask, "sinks": np.zeros(8, np.float16), "softcap": 30.0}
     span = {}
     done = threading.Event()
 
     def worker():
         span["start"] = time.perf_counter()
-        headsum.attention(q, k, v)
+        headsum.attention(q, k, v, **options)
         span["end"] = time.perf_counter()
         done.set()
 
