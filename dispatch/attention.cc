@@ -8,9 +8,6 @@
 #include <stdint.h>
 #include <string.h>
 #include <unistd.h>
-#if defined(__x86_64__) || defined(__i386__)
-#include <cpuid.h>
-#endif
 
 #include "dispatch/attention_paths.h"
 #include "dispatch/native_ops.h"
@@ -99,16 +96,11 @@ enum class RowStreamKind { kTiles, kEightKeys, kKeyByKey };
 RowStreamKind RowStreamFor() {
   static const RowStreamKind preferred = [] {
 #if defined(__x86_64__) || defined(__i386__)
-    unsigned a = 0, b = 0, c = 0, d = 0;
-    if (!__get_cpuid(0, &a, &b, &c, &d)) return RowStreamKind::kTiles;
-    char vendor[13];
-    memcpy(vendor, &b, 4);
-    memcpy(vendor + 4, &d, 4);
-    memcpy(vendor + 8, &c, 4);
-    vendor[12] = '\0';
-    if (strcmp(vendor, "GenuineIntel") == 0) return RowStreamKind::kEightKeys;
-    if (strcmp(vendor, "AuthenticAMD") == 0) return RowStreamKind::kKeyByKey;
-    return RowStreamKind::kTiles;
+    switch (Vendor()) {
+      case CpuVendor::kIntel: return RowStreamKind::kEightKeys;
+      case CpuVendor::kAmd: return RowStreamKind::kKeyByKey;
+      default: return RowStreamKind::kTiles;
+    }
 #else
     return RowStreamKind::kEightKeys;
 #endif
@@ -141,10 +133,13 @@ headsum_status Attention(const AttnDims& dims, const AttnViews& views) {
   a.stream_key_by_key = stream == RowStreamKind::kKeyByKey;
   // bf16 inputs (or any, under fpmath BF16) on a native bf16 path in force.
   // (Except few rows of bf16 on AMX_BF16: NativeFewRowsOnF32.)
-  // (Calls with a model's extras or a window run on the Highway paths.)
+  // (Calls with a model's extras or a window run on the Highway paths
+  // where the native path does not take them.)
   const bool plain = a.opt == nullptr && a.window == 0;
   if (const native::Path* n = NativeFor({views.q.dtype, views.k.dtype, views.v.dtype})) {
-    if (plain && !NativeFewRowsOnF32(*n, a, views)) return NativeAttention(*n, a, views);
+    if ((plain || n->takes_options) && !NativeFewRowsOnF32(*n, a, views)) {
+      return NativeAttention(*n, a, views);
+    }
   }
   // A decode step (Sq = 1) of grouped heads: each group one head of
   // H/Hkv rows, all of which see the same keys.

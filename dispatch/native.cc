@@ -21,9 +21,13 @@ constexpr size_t kPanelsPerItem = 4;
 
 }  // namespace
 
+bool NativeSlowerThanHighway(const native::Path& path) {
+  return std::strcmp(path.name, "AVX512_BF16") == 0 && Vendor() == CpuVendor::kIntel;
+}
+
 const native::Path* NativeFor(std::initializer_list<DType> inputs) {
   const native::Path* path = ActiveNative();
-  if (path == nullptr) return nullptr;
+  if (path == nullptr || NativeSlowerThanHighway(*path)) return nullptr;
   if (FpMath() == HEADSUM_FPMATH_BF16) return path;
   for (DType t : inputs) {
     if (t != DType::kBF16) return nullptr;
@@ -48,14 +52,18 @@ headsum_status NativeAttention(const native::Path& path, const AttnDims& a,
   if (a.seq_q == 1 && a.group() > 1) {
     AttnDims grouped;
     AttnViews g;
-    GroupDecodeHeads(a, views, &grouped, &g);
+    AttnOptions grouped_opt;
+    GroupDecodeHeads(a, views, &grouped, &g, &grouped_opt);
     return NativeAttention(path, grouped, g);
   }
   const size_t scratch = path.attention_scratch(a);
   constexpr size_t kBlock = native::kQueryBlock;
   const size_t per_head = CeilDiv(a.seq_q, kBlock);
-  const size_t splits =
-      a.seq_q <= kBlock && a.seq_kv >= 2 * kKeySplit ? CeilDiv(a.seq_kv, kKeySplit) : 1;
+  // Keys [keys_lo, keys_hi) are all the call's rows see (all keys but under
+  // a sliding window): a decode step splits those.
+  const size_t keys_lo = a.first_key(0), keys_hi = a.visible_keys(a.seq_q - 1);
+  const size_t span = keys_hi > keys_lo ? keys_hi - keys_lo : 0;
+  const size_t splits = a.seq_q <= kBlock && span >= 2 * kKeySplit ? CeilDiv(span, kKeySplit) : 1;
   if (splits == 1) {
     // Most expensive first: under a causal mask the bottom blocks see most.
     return ParallelItems(a.batch * a.heads * per_head, scratch, [&](size_t item, float* s) {
@@ -72,8 +80,9 @@ headsum_status NativeAttention(const native::Path& path, const AttnDims& a,
   const size_t heads = a.batch * a.heads;
   if (headsum_status st = ParallelItems(heads * splits, scratch, [&](size_t item, float* s) {
         const size_t bh = item / splits, c = item % splits;
-        const size_t key_end = (c + 1) * kKeySplit < a.seq_kv ? (c + 1) * kKeySplit : a.seq_kv;
-        path.attention_rows(a, views, bh / a.heads, bh % a.heads, 0, a.seq_q, c * kKeySplit,
+        const size_t key_begin = keys_lo + c * kKeySplit;
+        const size_t key_end = key_begin + kKeySplit < keys_hi ? key_begin + kKeySplit : keys_hi;
+        path.attention_rows(a, views, bh / a.heads, bh % a.heads, 0, a.seq_q, key_begin,
                             key_end, partials.get() + item * per_split, s);
       })) {
     return st;

@@ -3,6 +3,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
 #include <atomic>
 #include <mutex>
 
@@ -55,6 +59,24 @@ void InitFromEnvironment() {
 }
 
 }  // namespace
+
+CpuVendor Vendor() {
+  static const CpuVendor vendor = [] {
+#if defined(__x86_64__) || defined(__i386__)
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid(0, &a, &b, &c, &d)) return CpuVendor::kOther;
+    char name[13];
+    memcpy(name, &b, 4);
+    memcpy(name + 4, &d, 4);
+    memcpy(name + 8, &c, 4);
+    name[12] = '\0';
+    if (strcmp(name, "GenuineIntel") == 0) return CpuVendor::kIntel;
+    if (strcmp(name, "AuthenticAMD") == 0) return CpuVendor::kAmd;
+#endif
+    return CpuVendor::kOther;
+  }();
+  return vendor;
+}
 
 std::vector<int64_t> CompiledTargets() {
   std::vector<int64_t> targets;

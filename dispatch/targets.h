@@ -30,10 +30,15 @@ bool CpuRuns(int64_t target);
 // Index of `target`'s entry in a table made by HWY_EXPORT.
 size_t TableIndex(int64_t target);
 
+// The CPU's vendor (x86 CPUID leaf 0; kOther elsewhere).
+enum class CpuVendor { kIntel, kAmd, kOther };
+CpuVendor Vendor();
+
 // Native bf16 paths (kernels/native/native.h), targets beside Highway's: on
 // first use the best one the CPU runs is in force (bf16 calls take it, every
 // other call the active Highway target), unless HEADSUM_TARGET names another
-// target.  nullptr: none in force.
+// target.  nullptr: none in force.  (Which calls take it: NativeFor in
+// dispatch/native_ops.h.)
 const native::Path* ActiveNative();
 // Puts `path` in force with the best Highway target; false when the CPU
 // cannot run it.

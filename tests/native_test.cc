@@ -15,6 +15,9 @@
 // 2^-11 A (f16).  The projection's only extra is a 16-bit y's rounding.
 #include <gtest/gtest.h>
 #include <sys/mman.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
 #include <unistd.h>
 
 #include <algorithm>
@@ -28,6 +31,7 @@
 #include <thread>
 #include <vector>
 
+#include "../dispatch/native_ops.h"
 #include "../kernels/native/native.h"
 #include "../kernels/shapes.h"
 #include "error_bounds.h"
@@ -300,6 +304,162 @@ TEST_P(NativeTest, AttentionSixteenBitOut) {
 }
 
 // The result does not depend on the thread count (1, 2, 3 threads).
+// What current models add (headsum_attn_options) on the native kernels,
+// through dispatch's NativeAttention (its grouped decode regroups the bias,
+// its key splits cover the window and their merge takes the sinks): a
+// window with and without causal, softcap, ALiBi with GQA, sinks with rows
+// that see no key, a bias of each dtype with -inf entries (a key-padding
+// tail and scattered keys), and all together in decode and prefill.  The
+// reference takes the same options (tests/reference.cc) and the bound
+// their derived terms (tests/error_bounds.cc) plus P's rounding as above.
+struct NativeOptionsCase {
+  const char* name;
+  MhaShape s;
+  int64_t window;
+  float softcap;
+  bool slopes, sinks;
+  int bias;  // 0: none; else a full [B][H][Sq][Skv] bias: 1 f32, 2 bf16, 3 f16
+};
+
+const NativeOptionsCase kNativeOptionsCases[] = {
+    {"window causal", {1, 4, 2, 65, 200, 16, 17, true}, 50, 0, false, false, 0},
+    {"window not causal", {2, 2, 2, 17, 63, 17, 17, false}, 9, 0, false, false, 0},
+    {"softcap, the seed", {1, 8, 8, 20, 20, 64, 512, false}, 0, 2.0f, false, false, 0},
+    {"softcap with an f32 bias", {2, 3, 3, 17, 33, 3, 17, true}, 0, 3.0f, false, false, 1},
+    {"sinks, rows that see no key", {1, 2, 2, 5, 3, 16, 17, true}, 0, 0, false, true, 0},
+    {"alibi, GQA, Sq < Skv", {1, 4, 2, 3, 65, 17, 17, true}, 0, 0, true, false, 0},
+    {"GQA decode, key splits, all", {1, 8, 2, 1, 1100, 64, 512, false}, 700, 4.0f, true, true, 2},
+    {"MHA decode, splits, sinks", {1, 4, 4, 1, 1030, 64, 512, false}, 0, 0, false, true, 0},
+    {"MQA decode, window", {1, 4, 1, 1, 531, 128, 512, false}, 100, 0, false, false, 0},
+    {"prefill, all, f16 bias", {1, 4, 4, 70, 150, 32, 17, true}, 40, 4.0f, true, true, 3},
+    {"16-row groups and a tail, window, bf16 bias", {1, 2, 2, 40, 300, 96, 17, true}, 120, 0,
+     false, false, 2},
+    {"window past key blocks", {1, 2, 1, 300, 600, 64, 17, true}, 130, 0, true, false, 0},
+};
+
+TEST_P(NativeTest, OptionsMatchReference) {
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  uint64_t seed = 900;
+  for (const NativeOptionsCase& oc : kNativeOptionsCases) {
+    SCOPED_TRACE(oc.name);
+    const MhaShape& s = oc.s;
+    const headsum_attn_shape shape = s.attn();
+    AttnDims a = Dims(shape);
+    const AttnCase c = MakeAttnCase(s, ++seed);
+    const size_t B = a.batch, H = a.heads, Hkv = a.kv_heads, Sq = a.seq_q, Skv = a.seq_kv,
+                 L = a.head_dim;
+    std::vector<float> slopes(H), sinks(H);
+    for (size_t h = 0; h < H; ++h) {
+      slopes[h] = 4.0f * std::exp2(-8.0f * float(h + 1) / float(H));
+      sinks[h] = -1.0f + 4.0f * float(h) / float(H);
+    }
+    // The bias: [B][H][Sq][Skv + 3] in its dtype, -inf on the last quarter
+    // of the keys of batch row B - 1 and on every seventh key of head 1.
+    const size_t ld = Skv + 3;
+    const DType bias_t = oc.bias == 2 ? DType::kBF16 : (oc.bias == 3 ? DType::kF16 : DType::kF32);
+    std::vector<float> bias32, expanded;
+    std::vector<uint16_t> bias16;
+    if (oc.bias != 0) {
+      const std::vector<float> r = RandomUniform(B * H * Sq * ld, -2.0f, 2.0f, ++seed);
+      bias32.resize(r.size());
+      bias16.resize(r.size());
+      expanded.resize(B * H * Sq * Skv);
+      for (size_t b = 0; b < B; ++b)
+        for (size_t h = 0; h < H; ++h)
+          for (size_t i = 0; i < Sq; ++i)
+            for (size_t j = 0; j < Skv; ++j) {
+              const size_t at = ((b * H + h) * Sq + i) * ld + j;
+              float x = r[at];
+              if ((b == B - 1 && j >= Skv - Skv / 4) || (h == 1 && j % 7 == 3)) x = -kInf;
+              bias16[at] = bias_t == DType::kBF16 ? headsum::native::F32ToBf16(x)
+                                                   : headsum::native::F32ToF16(x);
+              bias32[at] = bias_t == DType::kF32 ? x
+                           : bias_t == DType::kBF16 ? FromBf16(bias16[at])
+                                                    : headsum::native::F16ToF32(bias16[at]);
+              expanded[((b * H + h) * Sq + i) * Skv + j] = bias32[at];
+            }
+    }
+    headsum::AttnOptions o;
+    o.softcap = oc.softcap;
+    o.slopes = oc.slopes ? slopes.data() : nullptr;
+    o.sinks = oc.sinks ? sinks.data() : nullptr;
+    o.has_bias = oc.bias != 0;
+    if (o.has_bias) {
+      void* data = bias_t == DType::kF32 ? static_cast<void*>(bias32.data()) : bias16.data();
+      o.bias = View(data, bias_t, H * Sq * ld, Sq * ld, ld);
+    }
+    a.window = size_t(oc.window);
+    a.opt = &o;
+    AttnViews v;
+    v.q = Bhsd(const_cast<uint16_t*>(c.q.bits.data()), DType::kBF16, H, Sq, L);
+    v.k = Bhsd(const_cast<uint16_t*>(c.k.bits.data()), DType::kBF16, Hkv, Skv, L);
+    v.v = Bhsd(const_cast<uint16_t*>(c.v.bits.data()), DType::kBF16, Hkv, Skv, L);
+    std::vector<float> out(s.out_elems(), kSentinel);
+    v.out = Bhsd(out.data(), DType::kF32, H, Sq, L);
+    ASSERT_EQ(headsum::dispatch::NativeAttention(*path_, a, v), HEADSUM_OK);
+
+    RefAttnDims d(shape);
+    d.window = oc.window;
+    d.softcap = oc.softcap;
+    d.slopes = o.slopes;
+    d.sinks = o.sinks;
+    d.bias = oc.bias != 0 ? &expanded : nullptr;
+    const float* qv = c.q.values.data();
+    const float* kv = c.k.values.data();
+    const float* vv = c.v.values.data();
+    std::vector<double> bound = AttentionBound(d, qv, kv, vv);
+    const std::vector<double> pv = NativeBf16PvBound(d, qv, kv, vv);
+    for (size_t i = 0; i < bound.size(); ++i) bound[i] += pv[i];
+    EXPECT_TRUE(AllWithinBound(RefAttention(d, qv, kv, vv), bound, out, HeadsLayout(s)));
+  }
+}
+
+// Under a window, an inf in a V row that a query row's window has left
+// behind (or that a -inf bias removes) does not reach that row: P V skips
+// the keys the row does not see.
+TEST_P(NativeTest, OptionsKeepValuesOfUnseenKeysOut) {
+  const MhaShape s{1, 2, 2, 40, 100, 32, 17, true};
+  const headsum_attn_shape shape = s.attn();
+  AttnDims a = Dims(shape);
+  AttnCase c = MakeAttnCase(s, 77);
+  const size_t H = a.heads, Sq = a.seq_q, Skv = a.seq_kv, L = a.head_dim;
+  // Key 5's V is +inf in every dim; rows at positions 60.. (i >= 0) with a
+  // window of 20 see keys 41.. only.  Key 70's V is NaN, removed by the bias.
+  for (size_t g = 0; g < H; ++g)
+    for (size_t l = 0; l < L; ++l) {
+      c.v.bits[(g * Skv + 5) * L + l] = ToBf16(std::numeric_limits<float>::infinity());
+      c.v.bits[(g * Skv + 70) * L + l] = 0x7FC0;
+      c.v.values[(g * Skv + 5) * L + l] = std::numeric_limits<float>::infinity();
+      c.v.values[(g * Skv + 70) * L + l] = std::numeric_limits<float>::quiet_NaN();
+    }
+  std::vector<float> bias(H * Sq * Skv, 0.5f);
+  for (size_t r = 0; r < H * Sq; ++r) bias[r * Skv + 70] = -std::numeric_limits<float>::infinity();
+  headsum::AttnOptions o;
+  o.has_bias = true;
+  o.bias = View(bias.data(), DType::kF32, H * Sq * Skv, Sq * Skv, Skv);
+  a.window = 20;
+  a.opt = &o;
+  AttnViews v;
+  v.q = Bhsd(c.q.bits.data(), DType::kBF16, H, Sq, L);
+  v.k = Bhsd(c.k.bits.data(), DType::kBF16, H, Skv, L);
+  v.v = Bhsd(c.v.bits.data(), DType::kBF16, H, Skv, L);
+  std::vector<float> out(s.out_elems(), kSentinel);
+  v.out = Bhsd(out.data(), DType::kF32, H, Sq, L);
+  ASSERT_EQ(headsum::dispatch::NativeAttention(*path_, a, v), HEADSUM_OK);
+  RefAttnDims d(shape);
+  d.window = 20;
+  d.bias = &bias;
+  const float* qv = c.q.values.data();
+  const float* kv = c.k.values.data();
+  const float* vv = c.v.values.data();
+  const std::vector<double> ref = RefAttention(d, qv, kv, vv);
+  for (size_t n = 0; n < ref.size(); ++n) ASSERT_TRUE(std::isfinite(ref[n])) << n;
+  std::vector<double> bound = AttentionBound(d, qv, kv, vv);
+  const std::vector<double> pv = NativeBf16PvBound(d, qv, kv, vv);
+  for (size_t i = 0; i < bound.size(); ++i) bound[i] += pv[i];
+  EXPECT_TRUE(AllWithinBound(ref, bound, out, HeadsLayout(s)));
+}
+
 TEST_P(NativeTest, AttentionBitwiseAcrossThreads) {
   std::vector<MhaShape> shapes = DeterminismShapes();
   shapes.push_back(ExtraAttentionShapes()[0]);
@@ -535,9 +695,36 @@ headsum_tensor Tensor(void* data, headsum_dtype t, int64_t H, int64_t S, int64_t
 }
 
 // The first native path this CPU runs, or nullptr.
+// Whether CPUID's vendor string is GenuineIntel.
+bool IntelCpu() {
+#if defined(__x86_64__) || defined(__i386__)
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid(0, &a, &b, &c, &d)) return false;
+  char name[13];
+  memcpy(name, &b, 4);
+  memcpy(name + 4, &d, 4);
+  memcpy(name + 8, &c, 4);
+  name[12] = '\0';
+  return std::string(name) == "GenuineIntel";
+#else
+  return false;
+#endif
+}
+
 const Path* RunnableNative() {
   for (const Path* const* p = headsum::native::CompiledPaths(); *p != nullptr; ++p) {
     if ((*p)->cpu_runs()) return *p;
+  }
+  return nullptr;
+}
+
+// The best native path this CPU runs whose calls take it: on Intel CPUs
+// AVX512_BF16's calls run on the Highway kernels instead (VDPBF16PS at half
+// the f32 FMA's rate there; dispatch/native_ops.h, NativeSlowerThanHighway).
+bool CallsTake(const Path& p) { return !(std::string(p.name) == "AVX512_BF16" && IntelCpu()); }
+const Path* RoutedNative() {
+  for (const Path* const* p = headsum::native::CompiledPaths(); *p != nullptr; ++p) {
+    if ((*p)->cpu_runs() && CallsTake(**p)) return *p;
   }
   return nullptr;
 }
@@ -553,10 +740,15 @@ std::string BestHighwayTarget() {
 class NativeApi : public testing::Test {
  protected:
   void SetUp() override {
-    path_ = RunnableNative();
+    path_ = RoutedNative();
     highway_ = BestHighwayTarget();
     ASSERT_EQ(headsum_set_target(nullptr), HEADSUM_OK);
-    if (path_ == nullptr) GTEST_SKIP() << "this CPU runs no native path this build compiled";
+    if (path_ == nullptr) {
+      GTEST_SKIP() << "this CPU runs no native path this build compiled that calls take"
+                   << (IntelCpu() ? " (AVX512_BF16's calls run on the Highway kernels on Intel)"
+                                  : "");
+    }
+    ASSERT_EQ(headsum_set_target(path_->name), HEADSUM_OK) << headsum_last_error();
   }
   void TearDown() override {
     EXPECT_EQ(headsum_set_target(nullptr), HEADSUM_OK);
@@ -665,6 +857,48 @@ TEST_F(NativeApi, AttentionRoutesByTargetDtypeAndFpmath) {
     EXPECT_TRUE(BitwiseEqual(direct, f32_out, HeadsLayout(s))) << "fpmath bf16";
     ASSERT_EQ(headsum_set_fpmath(HEADSUM_FPMATH_STRICT), HEADSUM_OK);
   }
+}
+
+// On Intel CPUs AVX512_BF16 in force leaves every call to the Highway
+// kernels (faster there: dispatch/native_ops.h): bf16 attention and
+// projection, with fpmath BF16 too, give the best Highway target's bits.
+TEST(NativeRouting, Avx512Bf16OnIntelRunsTheHighwayKernels) {
+  const Path* path = headsum::native::PathByName("AVX512_BF16");
+  if (path == nullptr || !path->cpu_runs()) GTEST_SKIP() << "AVX512_BF16 does not run here";
+  if (!IntelCpu()) GTEST_SKIP() << "not an Intel CPU: AVX512_BF16's calls take it";
+  const std::string highway = BestHighwayTarget();
+  const MhaShape s{1, 8, 2, 70, 130, 64, 96, true};
+  const headsum_attn_shape shape = s.attn();
+  const headsum_proj_shape pshape = s.proj();
+  AttnCase c = MakeAttnCase(s, 31);
+  Bf16Data wo = RandomBf16(s.wo_elems(), -1, 1, 32);
+  const int64_t H = s.heads, Hkv = s.resolved_kv_heads(), Sq = s.seq_q, Skv = s.seq_kv, L = s.head_dim;
+  headsum_tensor q = Tensor(c.q.bits.data(), HEADSUM_BF16, H, Sq, L);
+  headsum_tensor k = Tensor(c.k.bits.data(), HEADSUM_BF16, Hkv, Skv, L);
+  headsum_tensor v = Tensor(c.v.bits.data(), HEADSUM_BF16, Hkv, Skv, L);
+  headsum_tensor wo_t = {wo.bits.data(), HEADSUM_BF16, {0, 0, s.model_dim}};
+  const auto run = [&](const char* target, int fpmath, std::vector<float>* att, std::vector<float>* y) {
+    ASSERT_EQ(headsum_set_target(target), HEADSUM_OK) << headsum_last_error();
+    ASSERT_EQ(headsum_set_fpmath(fpmath), HEADSUM_OK);
+    att->assign(s.out_elems(), kSentinel);
+    y->assign(s.y_elems(), kSentinel);
+    headsum_tensor o = Tensor(att->data(), HEADSUM_F32, H, Sq, L);
+    ASSERT_EQ(headsum_attention_tensors(&shape, &q, &k, &v, &o), HEADSUM_OK) << headsum_last_error();
+    headsum_tensor heads = Tensor(c.q.bits.data(), HEADSUM_BF16, H, Sq, L);
+    headsum_tensor yt = {y->data(), HEADSUM_F32, {Sq * s.model_dim, 0, s.model_dim}};
+    ASSERT_EQ(headsum_project_heads_sum_tensors(&pshape, &heads, &wo_t, nullptr, &yt), HEADSUM_OK)
+        << headsum_last_error();
+  };
+  std::vector<float> hwy_att, hwy_y, att, y;
+  run(highway.c_str(), HEADSUM_FPMATH_STRICT, &hwy_att, &hwy_y);
+  for (int fpmath : {HEADSUM_FPMATH_STRICT, HEADSUM_FPMATH_BF16}) {
+    run("AVX512_BF16", fpmath, &att, &y);
+    EXPECT_STREQ(headsum_active_target(), "AVX512_BF16");
+    EXPECT_TRUE(BitwiseEqual(hwy_att, att, HeadsLayout(s))) << "attention, fpmath " << fpmath;
+    EXPECT_TRUE(BitwiseEqual(hwy_y, y, YLayout(s))) << "projection, fpmath " << fpmath;
+  }
+  EXPECT_EQ(headsum_set_fpmath(HEADSUM_FPMATH_STRICT), HEADSUM_OK);
+  EXPECT_EQ(headsum_set_target(nullptr), HEADSUM_OK);
 }
 
 TEST_F(NativeApi, ProjectionRoutesByTargetDtypeAndFpmath) {

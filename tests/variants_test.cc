@@ -177,12 +177,9 @@ TEST_P(AttentionVariants, EveryOptionOnEveryPathMatchesReference) {
       d.sinks = opt.sinks;
       d.bias = vc.bias != BiasKind::kNone ? &bias.expanded : nullptr;
       const std::vector<double> ref = RefAttention(d, q.data(), k.data(), v.data());
-      // The options run on the Highway paths only: no native bf16 term.
-      std::vector<double> bound = AttentionBound(d, q.data(), k.data(), v.data());
-      const double u16 = OutputRoundoff(t.out), floor16 = OutputAbsFloor(t.out);
-      for (size_t i = 0; i < bound.size(); ++i) {
-        bound[i] += u16 * (std::fabs(ref[i]) + bound[i]) + floor16;
-      }
+      // (With a native bf16 path in force, bf16 inputs run on it: P's
+      // rounding to bf16 joins the bound.)
+      const std::vector<double> bound = TensorAttentionBound(d, q, k, v, ref, t);
       const bool scores = vc.softcap > 0 || vc.slopes || vc.bias != BiasKind::kNone;
       for (AttnLayout layout : {AttnLayout::kContiguous, AttnLayout::kTokenMajor}) {
         if (small && layout != AttnLayout::kContiguous) continue;

@@ -234,10 +234,9 @@ void AmxGroupBlock(const AttnDims& a, const AttnScratch& s, size_t i0, size_t r0
     case 1: ScoresTiles<T, 1>(s, r0, t0); break;
     default: break;
   }
-  size_t redo[16];
-  const size_t n_redo =
-      SoftmaxGroup(s.s, 16, nj, keys, scale2, s.m + r0, s.l + r0, s.corr + r0, s.p,
-                   v_nonfinite, s.acc + r0 * s.Lv, s.Lv, s.saved, redo);
+  size_t redo[16], n_redo;
+  const float* final_s =
+      GroupSoftmax(a, s, i0 + r0, r0, 16, j0, nj, keys, scale2, v_nonfinite, redo, &n_redo);
   const size_t col_tiles = s.Lv / 16;
   size_t n0 = 0;
   for (; n0 + 4 <= col_tiles; n0 += 4) PvTiles<T, 4>(s, n0, nj);
@@ -258,7 +257,7 @@ void AmxGroupBlock(const AttnDims& a, const AttnScratch& s, size_t i0, size_t r0
     }
   }
   RedoRows(n_redo, redo, s.p, s.vp, s.Lv, a.head_dim, keys, s.corr + r0, s.saved,
-           s.acc + r0 * s.Lv);
+           s.acc + r0 * s.Lv, final_s);
 }
 
 constexpr size_t kMinTileRows = kAmxMinTileRows;
@@ -272,7 +271,7 @@ void AmxAttentionRows(const AttnDims& a, const AttnViews& v, size_t b, size_t h,
     Avx512AttentionRows(a, v, b, h, i0, i1, key_begin, key_end, partial, scratch);
     return;
   }
-  const AttnScratch s = CarveAttnScratch(a, scratch);
+  const AttnScratch s = CarveAttnScratch(a, scratch, b, h);
   const float scale2 = Base2Scale(a);
   T::Configure();
   AttentionItem(a, v, b, h, i0, i1, key_begin, key_end, partial, s,
@@ -355,14 +354,15 @@ size_t AttentionScratch(const AttnDims& a) { return AttnScratchFloats(a); }
 
 const Path* AmxBf16Path() {
   static const Path path = {"AMX_BF16", Runs, AttentionScratch, AmxAttentionRows<HwTiles>,
-                            PackWoPanels, ProjScratchFloats, AmxProjectRows<HwTiles>};
+                            PackWoPanels, ProjScratchFloats, AmxProjectRows<HwTiles>,
+                            /*takes_options=*/true};
   return &path;
 }
 
 const Path* AmxBf16EmulatedPath() {
   static const Path path = {"AMX_BF16(emulated tiles)", EmulatedRuns, AttentionScratch,
                             AmxAttentionRows<EmuTiles>, PackWoPanels, ProjScratchFloats,
-                            AmxProjectRows<EmuTiles>};
+                            AmxProjectRows<EmuTiles>, /*takes_options=*/true};
   return &path;
 }
 

@@ -16,7 +16,8 @@ size_t AttentionScratch(const AttnDims& a) { return AttnScratchFloats(a); }
 
 const Path* Avx512Bf16Path() {
   static const Path path = {"AVX512_BF16", Runs, AttentionScratch, Avx512AttentionRows,
-                            PackWoPanels, ProjScratchFloats, Avx512ProjectRows};
+                            PackWoPanels, ProjScratchFloats, Avx512ProjectRows,
+                            /*takes_options=*/true};
   return &path;
 }
 

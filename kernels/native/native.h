@@ -81,6 +81,11 @@ struct Path {
   void (*project_rows)(const ProjDims& p, const TensorView& heads, const uint16_t* packed_wo,
                        const float* bias, const TensorView& y, size_t b, size_t s0, size_t s1,
                        size_t panel0, size_t panel1, float* scratch);
+
+  // Whether attention_rows honours a.window and a.opt (dispatch sends calls
+  // with either to the Highway kernels when not).  Sinks are honoured in
+  // the final rows; partial records leave them to MergePartials.
+  bool takes_options = false;
 };
 
 // AMX_BF16: an item's rows below this run on VDPBF16PS (a tile would be
@@ -105,9 +110,24 @@ const Path* AmxEmulatedPath();
 // Combines the partial records of `splits` key ranges in their order into
 // final rows [i0, i1) of head (b, h):
 //   M = max_c m_c,  O = sum_c 2^(m_c - M) acc_c / sum_c 2^(m_c - M) l_c
+// (with a.opt's sinks, the row's sink joins the denominator as SinkFactor
+// says)
 // partials: [splits][i1 - i0][PartialFloats(a)].
 void MergePartials(const AttnDims& a, const float* partials, size_t splits,
                    const TensorView& out, size_t b, size_t h, size_t i0, size_t i1);
+
+// log2(e): the kernels' scores are in base 2 (s log2 e).
+constexpr float kLog2e = 1.44269504088896341f;
+
+// A row's sink (base 2) joins its denominator: with M = max(m, sink2), acc
+// and l scale by 2^(m - M) and l gains 2^(sink2 - M) (a row that saw no key
+// gives zeros, its mass all the sink's; NaN stays NaN).  Returns the factor
+// on acc (what 1 / l is without a sink).
+inline float SinkFactor(float m, float l, float sink2) {
+  const float M = m > sink2 ? m : sink2;
+  const float scale = m == -__builtin_inff() ? 0.0f : __builtin_exp2f(m - M);
+  return scale / (l * scale + __builtin_exp2f(sink2 - M));
+}
 
 // Stores n f32 values at dst in `dtype` (16-bit: rounded to nearest even,
 // NaN stays NaN, beyond f16's range is inf).

@@ -233,8 +233,13 @@ void MergePartials(const AttnDims& a, const float* partials, size_t splits,
       nan |= isnan(m);
       m_all = m > m_all ? m : m_all;
     }
-    float l_all = 0.0f;
-    if (!nan && m_all != kNegInf) {
+    // A sink (base 2) joins the denominator: the max then takes it too.
+    const bool sink = a.opt != nullptr && a.opt->sinks != nullptr;
+    const float sink2 = sink ? kLog2e * a.opt->sinks[a.query_head(h, i0 + r)] : kNegInf;
+    const float m_keys = m_all;
+    if (sink && sink2 > m_all) m_all = sink2;
+    float l_all = sink && !nan ? exp2f(sink2 - m_all) : 0.0f;
+    if (!nan && m_keys != kNegInf) {
       for (size_t c = 0; c < splits; ++c) {
         const float* rec = partials + (c * rows + r) * stride;
         if (rec[L] == kNegInf) continue;
@@ -245,7 +250,7 @@ void MergePartials(const AttnDims& a, const float* partials, size_t splits,
     for (size_t l0 = 0; l0 < L; l0 += kChunk) {
       const size_t n = L - l0 < kChunk ? L - l0 : kChunk;
       for (size_t l = 0; l < n; ++l) row[l] = nan ? std::numeric_limits<float>::quiet_NaN() : 0.0f;
-      if (!nan && m_all != kNegInf) {
+      if (!nan && m_keys != kNegInf) {
         for (size_t c = 0; c < splits; ++c) {
           const float* rec = partials + (c * rows + r) * stride;
           if (rec[L] == kNegInf) continue;

@@ -13,6 +13,7 @@
 
 #if defined(__aarch64__)
 #include <arm_neon.h>
+#include <math.h>
 #include <string.h>
 
 #include <limits>
@@ -247,25 +248,73 @@ void PvTile(const uint16_t* p, const uint16_t* vp, size_t Lv, size_t key_pairs,
     for (int c = 0; c < 4; ++c) vst1q_f32(acc + r * Lv + c0 + 4 * c, o[r][c]);
 }
 
+// Whether a call's rows need RowExtras (a window, or something the model
+// adds to the scores): then the scores reach SoftmaxRow in base 2.
+bool HasExtras(const AttnDims& a) { return a.window != 0 || (a.opt != nullptr && a.opt->Scores()); }
+
+// A bias element of `dtype` as f32.
+float BiasAt(const char* row, DType dtype, size_t j) {
+  switch (dtype) {
+    case DType::kF32: return reinterpret_cast<const float*>(row)[j];
+    case DType::kBF16: return Bf16ToF32(reinterpret_cast<const uint16_t*>(row)[j]);
+    case DType::kF16: return F16ToF32(reinterpret_cast<const uint16_t*>(row)[j]);
+  }
+  return 0.0f;
+}
+
+// The model's terms and the window on one row's raw scores Q K (row i of
+// head (b, h), keys j0 .. j0 + n - 1): its base-2 scores, in the API's order
+// scale, softcap (tanh as the Highway kernels compute it: sign(x) (1 - e) /
+// (1 + e), e = 2^(-2 log2(e) |x|)), ALiBi, bias; keys before the row's
+// window -inf.  Plain C++ over a row in L1.
+void RowExtras(const AttnDims& a, size_t b, size_t h, size_t i, size_t j0, size_t n,
+               float scale2, float* s) {
+  const AttnOptions* o = a.opt;
+  const float cap2 = o != nullptr ? o->softcap * kLog2e : 0.0f;
+  const float slope2 =
+      o != nullptr && o->slopes != nullptr ? o->slopes[a.query_head(h, i)] * kLog2e : 0.0f;
+  const float dist0 = static_cast<float>(static_cast<long long>(j0) - a.position(i));
+  const char* bias = o != nullptr && o->has_bias ? o->bias.Row(b, h, i) + j0 * DTypeBytes(o->bias.dtype)
+                                                 : nullptr;
+  const size_t first = a.first_key(i);
+  const size_t lo = first > j0 ? MinSize(first - j0, n) : 0;
+  for (size_t j = 0; j < lo; ++j) s[j] = kNegInf;
+  for (size_t j = lo; j < n; ++j) {
+    float x = s[j] * scale2;
+    if (cap2 > 0.0f) {
+      const float y = x / cap2;
+      const float e = exp2f(-2.0f * kLog2e * fabsf(y));
+      x = cap2 * copysignf((1.0f - e) / (1.0f + e), y);
+    }
+    if (slope2 != 0.0f) x = fmaf(slope2, dist0 + static_cast<float>(j), x);
+    if (bias != nullptr) x = fmaf(BiasAt(bias, o->bias.dtype, j), kLog2e, x);
+    s[j] = x;
+  }
+}
+
 template <int R>
-void Group(const AttnDims& a, const Scratch& s, size_t i0, size_t r0, size_t j0, size_t nj,
-           float scale2, bool v_nonfinite) {
+void Group(const AttnDims& a, const Scratch& s, size_t b, size_t h, size_t i0, size_t r0,
+           size_t j0, size_t nj, float scale2, bool v_nonfinite) {
   size_t keys[R];
   size_t any = 0;
   for (int r = 0; r < R; ++r) {
-    const size_t visible = a.visible_keys(i0 + r0 + r);
-    keys[r] = visible <= j0 ? 0 : MinSize(visible - j0, nj);
+    const size_t i = i0 + r0 + r, visible = a.visible_keys(i);
+    keys[r] = visible <= j0 || a.first_key(i) >= j0 + nj ? 0 : MinSize(visible - j0, nj);
     any |= keys[r];
   }
   if (any == 0) return;
   const uint32_t* q32 = reinterpret_cast<const uint32_t*>(s.qp + r0 * s.Lp);
   const size_t pairs = (a.head_dim + 1) / 2;
   for (size_t t0 = 0; t0 < nj; t0 += 16) ScoresTile<R>(q32, s.Lp / 2, pairs, s.kt, t0, s.s);
+  const bool extras = HasExtras(a);
   size_t redo[R], n_redo = 0;
   for (int r = 0; r < R; ++r) {
-    SoftmaxRow(s.s + r * kKeyBlock, nj, keys[r], scale2, s.m + r0 + r, s.l + r0 + r,
-               s.corr + r0 + r, s.p + r * kKeyBlock);
-    if (v_nonfinite && keys[r] < nj) {
+    if (extras && keys[r] != 0) {
+      RowExtras(a, b, h, i0 + r0 + r, j0, keys[r], scale2, s.s + r * kKeyBlock);
+    }
+    SoftmaxRow(s.s + r * kKeyBlock, nj, keys[r], extras ? 1.0f : scale2, s.m + r0 + r,
+               s.l + r0 + r, s.corr + r0 + r, s.p + r * kKeyBlock);
+    if (v_nonfinite && (keys[r] < nj || extras)) {  // extras: -inf among the keys too
       memcpy(s.saved + n_redo * s.Lv, s.acc + (r0 + r) * s.Lv, s.Lv * sizeof(float));
       redo[n_redo++] = size_t(r);
     }
@@ -281,6 +330,8 @@ void Group(const AttnDims& a, const Scratch& s, size_t i0, size_t r0, size_t j0,
     for (size_t n = 0; n < a.head_dim; ++n) {
       float sum = 0.0f;
       for (size_t j = 0; j < keys[r]; ++j) {
+        // (With extras, -inf marks a key the row does not see.)
+        if (extras && s.s[r * kKeyBlock + j] == kNegInf) continue;
         sum += Bf16ToF32(s.p[r * kKeyBlock + j]) * Bf16ToF32(s.vp[(j / 2) * 2 * s.Lv + 2 * n + (j & 1)]);
       }
       acc_r[n] = s.saved[i * s.Lv + n] * s.corr[r0 + r] + sum;
@@ -301,16 +352,18 @@ void AttentionRows(const AttnDims& a, const AttnViews& v, size_t b, size_t h, si
   }
   const size_t last_visible = a.visible_keys(i1 - 1);
   const size_t keys_needed = MinSize(last_visible, key_end);
-  for (size_t j0 = key_begin; j0 < keys_needed; j0 += kKeyBlock) {
+  // Under a window, the blocks before the first row's first key are skipped.
+  const size_t first = a.first_key(i0);
+  for (size_t j0 = first > key_begin ? first : key_begin; j0 < keys_needed; j0 += kKeyBlock) {
     const size_t nj = MinSize(kKeyBlock, keys_needed - j0);
     PackKT(v.k, b, g, j0, nj, L, s.Lp, s.tmp, s.kt);
     const bool v_nonfinite = PackVPairs(v.v, b, g, j0, nj, L, s.Lv, s.tmp, s.vp);
     for (size_t r0 = 0; r0 < rows; r0 += 4) {
       switch (MinSize(4, rows - r0)) {
-        case 4: Group<4>(a, s, i0, r0, j0, nj, scale2, v_nonfinite); break;
-        case 3: Group<3>(a, s, i0, r0, j0, nj, scale2, v_nonfinite); break;
-        case 2: Group<2>(a, s, i0, r0, j0, nj, scale2, v_nonfinite); break;
-        default: Group<1>(a, s, i0, r0, j0, nj, scale2, v_nonfinite); break;
+        case 4: Group<4>(a, s, b, h, i0, r0, j0, nj, scale2, v_nonfinite); break;
+        case 3: Group<3>(a, s, b, h, i0, r0, j0, nj, scale2, v_nonfinite); break;
+        case 2: Group<2>(a, s, b, h, i0, r0, j0, nj, scale2, v_nonfinite); break;
+        default: Group<1>(a, s, b, h, i0, r0, j0, nj, scale2, v_nonfinite); break;
       }
     }
   }
@@ -324,7 +377,10 @@ void AttentionRows(const AttnDims& a, const AttnViews& v, size_t b, size_t h, si
       continue;
     }
     const float l = s.l[r];
-    const float inv = l > 0.0f ? 1.0f / l : (l == 0.0f ? 0.0f : l);
+    // A sink joins the denominator (SinkFactor).
+    const float inv = a.opt != nullptr && a.opt->sinks != nullptr
+                          ? SinkFactor(s.m[r], l, kLog2e * a.opt->sinks[a.query_head(h, i0 + r)])
+                          : l > 0.0f ? 1.0f / l : (l == 0.0f ? 0.0f : l);
     for (size_t n = 0; n < L; ++n) s.row[n] = acc_r[n] * inv;
     StoreRow(s.row, L, v.out.dtype, v.out.Row(b, h, i0 + r));
   }
@@ -417,7 +473,7 @@ bool Runs() { return CpuHasArmBf16(); }
 
 const Path* NeonBf16Path() {
   static const Path path = {"NEON_BF16", Runs, ScratchFloats, AttentionRows,
-                            PackWo,      ProjScratch, ProjectRows};
+                            PackWo,      ProjScratch, ProjectRows, /*takes_options=*/true};
   return &path;
 }
 

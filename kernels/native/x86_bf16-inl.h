@@ -245,6 +245,7 @@ inline bool PackVPairs(const TensorView& v, size_t b, size_t g, size_t j0, size_
 
 struct AttnScratch {
   size_t Lp, Lv;
+  size_t b, h;     // the work item's head (for the options' per-row terms)
   uint16_t* qp;    // [kQueryBlock][Lp]
   uint32_t* kt;    // [Lp/2][kKeyBlock]
   uint16_t* vp;    // [kKeyBlock/2][2 Lv]
@@ -265,8 +266,10 @@ inline size_t AttnScratchFloats(const AttnDims& a) {
          8 * kKeyBlock + kQueryBlock * Lv + 3 * kQueryBlock + 2 * 16 * Lv + Lv + 16 * 16;
 }
 
-inline AttnScratch CarveAttnScratch(const AttnDims& a, float* scratch) {
+inline AttnScratch CarveAttnScratch(const AttnDims& a, float* scratch, size_t b, size_t h) {
   AttnScratch s;
+  s.b = b;
+  s.h = h;
   s.Lp = RoundUp(a.head_dim, 32);
   s.Lv = RoundUp(a.head_dim, 16);
   float* f = scratch;
@@ -347,13 +350,16 @@ inline void SoftmaxRow(const float* s, size_t nj, size_t visible, float scale2, 
 
 // Rows whose P V over this block must skip masked keys because the block's
 // V holds inf or NaN (0 * NaN is NaN): acc[r] = saved[r] * corr + sum over
-// the visible keys, in f32 from the packed bf16 operands.
+// the visible keys, in f32 from the packed bf16 operands.  s_r: null, or
+// the row's final scores (with a window or a bias: -inf marks a key the
+// row does not see).
 inline void RedoRowWithoutMaskedKeys(const uint16_t* p_r, const uint16_t* vp, size_t Lv,
                                      size_t L, size_t visible, float corr,
-                                     const float* saved_r, float* acc_r) {
+                                     const float* saved_r, float* acc_r, const float* s_r) {
   for (size_t n = 0; n < L; ++n) {
     float sum = 0.0f;
     for (size_t j = 0; j < visible; ++j) {
+      if (s_r != nullptr && s_r[j] == kNegInf) continue;
       sum += Bf16ToF32(p_r[j]) * Bf16ToF32(vp[(j / 2) * 2 * Lv + 2 * n + (j & 1)]);
     }
     acc_r[n] = saved_r[n] * corr + sum;
@@ -375,8 +381,11 @@ inline void FinishRows(const AttnDims& a, const AttnViews& v, size_t b, size_t h
       continue;
     }
     const float l = s.l[r];
-    // l > 0: normal; l = 0: nothing seen, zeros; NaN: NaN.
-    const float inv = l > 0.0f ? 1.0f / l : (l == 0.0f ? 0.0f : l);
+    // l > 0: normal; l = 0: nothing seen, zeros; NaN: NaN.  A sink joins
+    // the denominator (SinkFactor).
+    const float inv = a.opt != nullptr && a.opt->sinks != nullptr
+                          ? SinkFactor(s.m[r], l, kLog2e * a.opt->sinks[a.query_head(h, i0 + r)])
+                          : l > 0.0f ? 1.0f / l : (l == 0.0f ? 0.0f : l);
     const __m512 vinv = _mm512_set1_ps(inv);
     for (size_t c = 0; c < s.Lv; c += 16) {
       _mm512_storeu_ps(s.row + c, _mm512_mul_ps(_mm512_loadu_ps(acc_r + c), vinv));
@@ -463,26 +472,112 @@ inline void PvGroup(const uint16_t* p, const uint16_t* vp, size_t Lv, size_t nj,
   }
 }
 
-// Visible keys of this block per row of a group.
+// Per row of a group, the end of the block's keys it sees (keys j0 ..
+// j0 + keys[r] - 1 hold them; 0: none, also when a window starts past the
+// block).
 inline void BlockKeys(const AttnDims& a, size_t i0, size_t rows, size_t j0, size_t nj,
                       size_t* keys) {
   for (size_t r = 0; r < rows; ++r) {
     const size_t visible = a.visible_keys(i0 + r);
-    keys[r] = visible <= j0 ? 0 : MinSize(visible - j0, nj);
+    keys[r] = visible <= j0 || a.first_key(i0 + r) >= j0 + nj ? 0 : MinSize(visible - j0, nj);
+  }
+}
+
+// Whether a call's rows need GroupExtras (a window, or something the model
+// adds to the scores): then the scores reach SoftmaxGroup in base 2.
+inline bool HasExtras(const AttnDims& a) {
+  return a.window != 0 || (a.opt != nullptr && a.opt->Scores());
+}
+
+// 16 elements [j, j + 16) (mask k) of a bias row of `dtype` as f32.
+inline __m512 LoadBias16(const char* row, DType dtype, size_t j, __mmask16 k) {
+  switch (dtype) {
+    case DType::kF32:
+      return _mm512_maskz_loadu_ps(k, reinterpret_cast<const float*>(row) + j);
+    case DType::kBF16:
+      return _mm512_castsi512_ps(_mm512_slli_epi32(
+          _mm512_cvtepu16_epi32(
+              _mm256_maskz_loadu_epi16(k, reinterpret_cast<const uint16_t*>(row) + j)),
+          16));
+    case DType::kF16:
+      return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, reinterpret_cast<const uint16_t*>(row) + j));
+  }
+  return _mm512_setzero_ps();
+}
+
+// tanh(x) = sign(x) (1 - e) / (1 + e), e = 2^(-2 log2(e) |x|) in (0, 1], as
+// the Highway kernels compute it (TanhByExp2): NaN stays NaN, +-inf gives +-1.
+inline __m512 Tanh(__m512 x) {
+  const __m512 e = Exp2(_mm512_mul_ps(_mm512_abs_ps(x), _mm512_set1_ps(-2.0f * kLog2e)));
+  const __m512 one = _mm512_set1_ps(1.0f);
+  const __m512 t = _mm512_div_ps(_mm512_sub_ps(one, e), _mm512_add_ps(one, e));
+  const __m512i sign = _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(INT32_MIN));
+  return _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(t), sign));
+}
+
+// The model's terms and the window on a group's raw scores Q K (s[r] rows
+// kKeyBlock apart, keys j0 .. j0 + nj - 1, rows i0 .. of head (b, h)): each
+// row's first keys[r] scores become its base-2 scores, in the API's order
+// scale, softcap, ALiBi, bias; keys before the row's window -inf.
+// SoftmaxGroup then takes them at scale 1.
+inline void GroupExtras(const AttnDims& a, size_t b, size_t h, size_t i0, size_t rows, size_t j0,
+                        const size_t* keys, float scale2, float* s) {
+  const AttnOptions* o = a.opt;
+  const float cap2 = o != nullptr ? o->softcap * kLog2e : 0.0f;
+  const __m512 vscale = _mm512_set1_ps(scale2), vcap = _mm512_set1_ps(cap2),
+               vinv_cap = _mm512_set1_ps(cap2 > 0.0f ? 1.0f / cap2 : 0.0f),
+               vlog2e = _mm512_set1_ps(kLog2e), vneg_inf = _mm512_set1_ps(kNegInf);
+  const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  for (size_t r = 0; r < rows; ++r) {
+    const size_t n = keys[r];
+    if (n == 0) continue;
+    const size_t i = i0 + r;
+    float* s_r = s + r * kKeyBlock;
+    const size_t first = a.first_key(i);
+    const size_t lo = first > j0 ? first - j0 : 0;
+    const float slope2 =
+        o != nullptr && o->slopes != nullptr ? o->slopes[a.query_head(h, i)] * kLog2e : 0.0f;
+    // slope (j - p), j - p exact in f32 (|j|, |p| < 2^24).
+    const __m512 vslope = _mm512_set1_ps(slope2),
+                 vdist0 = _mm512_set1_ps(static_cast<float>(static_cast<long long>(j0) -
+                                                            a.position(i)));
+    const char* bias = o != nullptr && o->has_bias ? o->bias.Row(b, h, i) : nullptr;
+    const size_t bias_bytes = bias != nullptr ? DTypeBytes(o->bias.dtype) : 0;
+    for (size_t j = 0; j < n; j += 16) {
+      const __mmask16 k = Mask16(n - j);
+      __m512 x = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, s_r + j), vscale);
+      if (cap2 > 0.0f) x = _mm512_mul_ps(Tanh(_mm512_mul_ps(x, vinv_cap)), vcap);
+      const __m512i idx = _mm512_add_epi32(iota, _mm512_set1_epi32(static_cast<int>(j)));
+      if (slope2 != 0.0f) {
+        const __m512 dist = _mm512_add_ps(vdist0, _mm512_cvtepi32_ps(idx));
+        x = _mm512_fmadd_ps(vslope, dist, x);
+      }
+      if (bias != nullptr) {
+        x = _mm512_fmadd_ps(LoadBias16(bias + j0 * bias_bytes, o->bias.dtype, j, k), vlog2e, x);
+      }
+      if (lo > j) {
+        const __mmask16 before =
+            _mm512_cmplt_epi32_mask(idx, _mm512_set1_epi32(static_cast<int>(lo)));
+        x = _mm512_mask_mov_ps(x, before, vneg_inf);
+      }
+      _mm512_mask_storeu_ps(s_r + j, k, x);
+    }
   }
 }
 
 // Softmax of a group's score rows (s[r], kKeyBlock apart) into p, then the
-// rows that need P V redone without masked keys saved (returns how many).
+// rows that need P V redone without masked keys saved (returns how many):
+// those that see only part of the block, and with `masked_inside` (a window
+// or a bias: -inf scores among the keys[r]) every row.
 inline size_t SoftmaxGroup(const float* s, size_t rows, size_t nj, const size_t* keys,
                            float scale2, float* m, float* l, float* corr, uint16_t* p,
                            bool v_nonfinite, const float* acc, size_t Lv, float* saved,
-                           size_t* redo) {
+                           size_t* redo, bool masked_inside = false) {
   size_t n_redo = 0;
   for (size_t r = 0; r < rows; ++r) {
     SoftmaxRow(s + r * kKeyBlock, nj, keys[r], scale2, m + r, l + r, corr + r,
                p + r * kKeyBlock);
-    if (v_nonfinite && keys[r] < nj) {
+    if (v_nonfinite && (keys[r] < nj || masked_inside)) {
       memcpy(saved + n_redo * Lv, acc + r * Lv, Lv * sizeof(float));
       redo[n_redo++] = r;
     }
@@ -490,30 +585,47 @@ inline size_t SoftmaxGroup(const float* s, size_t rows, size_t nj, const size_t*
   return n_redo;
 }
 
+// s: null, or the group's final scores (GroupExtras), whose -inf entries
+// are keys the rows do not see.
 inline void RedoRows(size_t n_redo, const size_t* redo, const uint16_t* p, const uint16_t* vp,
                      size_t Lv, size_t L, const size_t* keys, const float* corr,
-                     const float* saved, float* acc) {
+                     const float* saved, float* acc, const float* s) {
   for (size_t i = 0; i < n_redo; ++i) {
     const size_t r = redo[i];
     RedoRowWithoutMaskedKeys(p + r * kKeyBlock, vp, Lv, L, keys[r], corr[r], saved + i * Lv,
-                             acc + r * Lv);
+                             acc + r * Lv, s != nullptr ? s + r * kKeyBlock : nullptr);
   }
 }
 
+// The scores of a group of rows (first row i of the head) into P:
+// GroupExtras first where the call has any (then at scale 1), SoftmaxGroup,
+// and the rows to redo.  Returns the scores RedoRows must consult (null:
+// none).
+inline const float* GroupSoftmax(const AttnDims& a, const AttnScratch& s, size_t i, size_t r0,
+                                 size_t rows, size_t j0, size_t nj, const size_t* keys,
+                                 float scale2, bool v_nonfinite, size_t* redo, size_t* n_redo) {
+  const bool extras = HasExtras(a);
+  if (extras) GroupExtras(a, s.b, s.h, i, rows, j0, keys, scale2, s.s);
+  *n_redo = SoftmaxGroup(s.s, rows, nj, keys, extras ? 1.0f : scale2, s.m + r0, s.l + r0,
+                         s.corr + r0, s.p, v_nonfinite, s.acc + r0 * s.Lv, s.Lv, s.saved, redo,
+                         extras);
+  return extras ? s.s : nullptr;
+}
+
+// Rows r0 .. r0 + R - 1 of the item (row i of the head first).
 template <int R>
-inline void Avx512Group(const AttnDims& a, const AttnScratch& s, size_t r0, size_t nj,
-                        const size_t* keys, float scale2, bool v_nonfinite) {
+inline void Avx512Group(const AttnDims& a, const AttnScratch& s, size_t i, size_t r0, size_t j0,
+                        size_t nj, const size_t* keys, float scale2, bool v_nonfinite) {
   size_t any = 0;
   for (int r = 0; r < R; ++r) any |= keys[r];
   if (any == 0) return;  // above the causal diagonal: nothing to add
   ScoresGroup<R>(s.qp + r0 * s.Lp, s.Lp, a.head_dim, s.kt, nj, s.s);
-  size_t redo[R];
-  const size_t n_redo =
-      SoftmaxGroup(s.s, R, nj, keys, scale2, s.m + r0, s.l + r0, s.corr + r0, s.p, v_nonfinite,
-                   s.acc + r0 * s.Lv, s.Lv, s.saved, redo);
+  size_t redo[R], n_redo;
+  const float* final_s = GroupSoftmax(a, s, i, r0, R, j0, nj, keys, scale2, v_nonfinite, redo,
+                                      &n_redo);
   PvGroup<R>(s.p, s.vp, s.Lv, nj, s.corr + r0, s.acc + r0 * s.Lv);
   RedoRows(n_redo, redo, s.p, s.vp, s.Lv, a.head_dim, keys, s.corr + r0, s.saved,
-           s.acc + r0 * s.Lv);
+           s.acc + r0 * s.Lv, final_s);
 }
 
 // Sum of each of 16 vectors, as one vector: lane m holds the sum of
@@ -583,10 +695,10 @@ inline void Avx512Rows(const AttnDims& a, const AttnScratch& s, size_t i0, size_
     const size_t n = MinSize(4, r1 - r);
     BlockKeys(a, i0 + r, n, j0, nj, keys);
     switch (n) {
-      case 4: Avx512Group<4>(a, s, r, nj, keys, scale2, v_nonfinite); break;
-      case 3: Avx512Group<3>(a, s, r, nj, keys, scale2, v_nonfinite); break;
-      case 2: Avx512Group<2>(a, s, r, nj, keys, scale2, v_nonfinite); break;
-      default: Avx512Group<1>(a, s, r, nj, keys, scale2, v_nonfinite); break;
+      case 4: Avx512Group<4>(a, s, i0 + r, r, j0, nj, keys, scale2, v_nonfinite); break;
+      case 3: Avx512Group<3>(a, s, i0 + r, r, j0, nj, keys, scale2, v_nonfinite); break;
+      case 2: Avx512Group<2>(a, s, i0 + r, r, j0, nj, keys, scale2, v_nonfinite); break;
+      default: Avx512Group<1>(a, s, i0 + r, r, j0, nj, keys, scale2, v_nonfinite); break;
     }
   }
 }
@@ -610,7 +722,9 @@ inline void AttentionItem(const AttnDims& a, const AttnViews& v, size_t b, size_
   }
   const size_t last_visible = a.visible_keys(i1 - 1);
   const size_t keys_needed = MinSize(last_visible, key_end);
-  for (size_t j0 = key_begin; j0 < keys_needed; j0 += kKeyBlock) {
+  // Under a window, the blocks before the first row's first key are skipped.
+  const size_t first = a.first_key(i0);
+  for (size_t j0 = first > key_begin ? first : key_begin; j0 < keys_needed; j0 += kKeyBlock) {
     const size_t nj = MinSize(kKeyBlock, keys_needed - j0);
     if (pack_kt) PackKT(v.k, b, g, j0, nj, L, s.Lp, s.kt);
     const bool v_nonfinite = PackVPairs(v.v, b, g, j0, nj, L, s.Lv, s.vp);
@@ -622,7 +736,7 @@ inline void AttentionItem(const AttnDims& a, const AttnViews& v, size_t b, size_
 inline void Avx512AttentionRows(const AttnDims& a, const AttnViews& v, size_t b, size_t h,
                                 size_t i0, size_t i1, size_t key_begin, size_t key_end,
                                 float* partial, float* scratch) {
-  const AttnScratch s = CarveAttnScratch(a, scratch);
+  const AttnScratch s = CarveAttnScratch(a, scratch, b, h);
   const float scale2 = Base2Scale(a);
   if (i1 - i0 == 1 && v.k.dtype == DType::kBF16 && a.head_dim <= kDirectMaxDim) {
     // One row (a decode step of one query head): K read in place.
@@ -633,13 +747,12 @@ inline void Avx512AttentionRows(const AttnDims& a, const AttnViews& v, size_t b,
                     BlockKeys(a, i0, 1, j0, nj, keys);
                     if (keys[0] == 0) return;
                     ScoresOneRowDirect(s.qp, a.head_dim, v.k, b, g, j0, nj, s.s);
-                    size_t redo[1];
-                    const size_t n_redo = SoftmaxGroup(s.s, 1, nj, keys, scale2, s.m, s.l, s.corr,
-                                                       s.p, v_nonfinite, s.acc, s.Lv, s.saved,
-                                                       redo);
+                    size_t redo[1], n_redo;
+                    const float* final_s = GroupSoftmax(a, s, i0, 0, 1, j0, nj, keys, scale2,
+                                                        v_nonfinite, redo, &n_redo);
                     PvGroup<1>(s.p, s.vp, s.Lv, nj, s.corr, s.acc);
                     RedoRows(n_redo, redo, s.p, s.vp, s.Lv, a.head_dim, keys, s.corr, s.saved,
-                             s.acc);
+                             s.acc, final_s);
                   },
                   /*pack_kt=*/false);
     return;
