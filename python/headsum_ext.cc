@@ -829,13 +829,32 @@ bool Meet(const Array& a, const Array& b) {
   return search(search, gap, 0);
 }
 
-// The pools, the index arrays and the C structs over them.
+// The pools and the index arrays, checked.
 struct Paged {
   Array k_pool, v_pool;
   Index block_table, q_offsets, kv_lens;
   std::vector<int32_t> table;
   int64_t batch = 0, rows = 0, kv_heads = 0, head_dim = 0;
-  headsum_paged_kv kv{};
+
+  // The C structs over them (pointing into this object).
+  headsum_paged_kv Kv() const {
+    headsum_paged_kv kv;
+    kv.k = k_pool.data;
+    kv.v = v_pool.data;
+    kv.dtype = k_pool.dtype;
+    kv.num_blocks = k_pool.dim(0);
+    kv.block_size = k_pool.dim(1);
+    kv.strides[0] = k_pool.strides[0];
+    kv.strides[1] = k_pool.strides[1];
+    kv.strides[2] = k_pool.strides[2];
+    kv.block_table = table.data();
+    kv.blocks_per_seq = block_table.shape[1];
+    return kv;
+  }
+  headsum_batch_shape Shape(int64_t heads, float scale, bool causal) const {
+    return headsum_batch_shape{batch,     heads, kv_heads, head_dim, scale, causal ? 1 : 0,
+                               q_offsets.values.data(), kv_lens.values.data()};
+  }
 };
 
 constexpr const char* kPoolLayout = "[num_blocks][block_size][Hkv][L]";
@@ -899,22 +918,7 @@ Paged ImportPaged(nb::handle k_pool_, nb::handle v_pool_, nb::handle block_table
     }
     p.table[i] = static_cast<int32_t>(e);
   }
-  p.kv.k = k.data;
-  p.kv.v = v.data;
-  p.kv.dtype = k.dtype;
-  p.kv.num_blocks = k.dim(0);
-  p.kv.block_size = k.dim(1);
-  p.kv.strides[0] = k.strides[0];
-  p.kv.strides[1] = k.strides[1];
-  p.kv.strides[2] = k.strides[2];
-  p.kv.block_table = p.table.data();
-  p.kv.blocks_per_seq = p.block_table.shape[1];
   return p;
-}
-
-headsum_batch_shape BatchShape(const Paged& p, int64_t heads, float scale, bool causal) {
-  return headsum_batch_shape{p.batch,   heads, p.kv_heads, p.head_dim, scale, causal ? 1 : 0,
-                             p.q_offsets.values.data(), p.kv_lens.values.data()};
 }
 
 // Token rows [T][n][L] as the C call indexes them: strides {unused, head, token}.
@@ -942,7 +946,7 @@ nb::object AttentionPaged(nb::handle q_, nb::handle k_pool_, nb::handle v_pool_,
                           double softcap, nb::handle alibi_slopes_, nb::handle sinks_,
                           nb::handle out_) {
   const Array q = Import(q_, "q", 3, 3, "[T][H][L]");
-  Paged p = ImportPaged(k_pool_, v_pool_, block_table_, q_offsets_, kv_lens_, false);
+  const Paged p = ImportPaged(k_pool_, v_pool_, block_table_, q_offsets_, kv_lens_, false);
   const int64_t H = q.dim(1);
   if (p.head_dim != q.dim(2) || p.kv_heads < 1 || H % p.kv_heads != 0) {
     Invalid("k_pool: expected shape [num_blocks][block_size][Hkv][" + Dim("L", q.dim(2)) +
@@ -955,7 +959,8 @@ nb::object AttentionPaged(nb::handle q_, nb::handle k_pool_, nb::handle v_pool_,
   const Output out = MakeOutput(out_, q, ResultDtype(q), {p.rows, H, p.head_dim}, "[T][H][L]",
                                 {&q, &p.k_pool, &p.v_pool, extra[0], extra[1]});
   const Array& o = out.array;
-  const headsum_batch_shape shape = BatchShape(p, H, scale_f, causal);
+  const headsum_batch_shape shape = p.Shape(H, scale_f, causal);
+  const headsum_paged_kv kv = p.Kv();
   headsum_status status;
   {
     nb::gil_scoped_release release;
@@ -971,7 +976,7 @@ nb::object AttentionPaged(nb::handle q_, nb::handle k_pool_, nb::handle v_pool_,
       op = OutputF32(o, ob);
       to = headsum_tensor{op, HEADSUM_F32, {0, p.head_dim, H * p.head_dim}};
     }
-    status = headsum_attention_paged(&shape, options.Resolve(), &tq, &p.kv, &to);
+    status = headsum_attention_paged(&shape, options.Resolve(), &tq, &kv, &to);
     if (status == HEADSUM_OK && op) Unstage(op, o);
   }
   Check(status);
@@ -982,7 +987,7 @@ void PagedKvWrite(nb::handle k_new_, nb::handle v_new_, nb::handle k_pool_, nb::
                   nb::handle block_table_, nb::handle q_offsets_, nb::handle kv_lens_) {
   const Array kn = Import(k_new_, "k_new", 3, 3, "[T][Hkv][L]");
   const Array vn = Import(v_new_, "v_new", 3, 3, "[T][Hkv][L]");
-  Paged p = ImportPaged(k_pool_, v_pool_, block_table_, q_offsets_, kv_lens_, true);
+  const Paged p = ImportPaged(k_pool_, v_pool_, block_table_, q_offsets_, kv_lens_, true);
   CheckRows(kn, p, p.kv_heads, "Hkv");
   CheckRows(vn, p, p.kv_heads, "Hkv");
   // The pools are written: neither may reach one element twice, meet the
@@ -993,7 +998,8 @@ void PagedKvWrite(nb::handle k_new_, nb::handle v_new_, nb::handle k_pool_, nb::
     Invalid("v_pool: its memory meets k_pool's; K and V need pools of their own (or disjoint "
             "halves of one buffer)");
   }
-  const headsum_batch_shape shape = BatchShape(p, p.kv_heads, 0.0f, true);
+  const headsum_batch_shape shape = p.Shape(p.kv_heads, 0.0f, true);
+  const headsum_paged_kv kv = p.Kv();
   headsum_status status;
   {
     nb::gil_scoped_release release;
@@ -1006,7 +1012,7 @@ void PagedKvWrite(nb::handle k_new_, nb::handle v_new_, nb::handle k_pool_, nb::
     if (!vn.viewable()) {
       tv = headsum_tensor{const_cast<float*>(StageF32(vn, vb)), HEADSUM_F32, {0, p.head_dim, row}};
     }
-    status = headsum_paged_kv_write(&shape, &p.kv, &tk, &tv);
+    status = headsum_paged_kv_write(&shape, &kv, &tk, &tv);
   }
   Check(status);
 }
