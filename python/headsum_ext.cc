@@ -900,7 +900,11 @@ Paged ImportPaged(nb::handle k_pool_, nb::handle v_pool_, nb::handle block_table
     Invalid("q_offsets: expected shape " + b1 + " (B=" + std::to_string(p.batch) +
             " from kv_lens), got " + p.q_offsets.shape_str());
   }
-  p.rows = p.q_offsets.values.back();
+  // T = q_offsets[B] when the offsets are valid; otherwise (-1) the C call
+  // names the offset at fault, before reading or writing anything.
+  const std::vector<int64_t>& qo = p.q_offsets.values;
+  const bool offsets_valid = qo[0] == 0 && std::is_sorted(qo.begin(), qo.end());
+  p.rows = offsets_valid ? qo.back() : -1;
   const std::string table_layout = "[B=" + std::to_string(p.batch) + "][blocks_per_seq]";
   p.block_table = ImportIndex(block_table_, "block_table", 2, table_layout, "int32");
   if (p.block_table.shape[0] != p.batch || p.block_table.shape[1] < 1) {
@@ -924,9 +928,10 @@ Paged ImportPaged(nb::handle k_pool_, nb::handle v_pool_, nb::handle block_table
 // Token rows [T][n][L] as the C call indexes them: strides {unused, head, token}.
 headsum_tensor Rows(const Array& a) { return View(a, 0, a.strides[1], a.strides[0]); }
 
-// [T][heads][L] rows: T = q_offsets[B], L the pools'.
+// [T][heads][L] rows: T = q_offsets[B] (when valid), L the pools'.
 void CheckRows(const Array& a, const Paged& p, int64_t heads, const char* heads_name) {
-  const bool fits = a.dim(0) == p.rows && a.dim(1) == heads && a.dim(2) == p.head_dim;
+  const bool fits =
+      (p.rows < 0 || a.dim(0) == p.rows) && a.dim(1) == heads && a.dim(2) == p.head_dim;
   if (!fits) {
     Invalid(std::string(a.name) + ": expected shape [T=q_offsets[B]=" + std::to_string(p.rows) +
             "][" + Dim(heads_name, heads) + "][" + Dim("L", p.head_dim) + "], got " +
@@ -956,7 +961,8 @@ nb::object AttentionPaged(nb::handle q_, nb::handle k_pool_, nb::handle v_pool_,
   const float scale_f = ScaleOf(scale);
   Options options = ImportOptions(window, softcap, alibi_slopes_, sinks_, H);
   const std::vector<const Array*> extra = options.arrays();
-  const Output out = MakeOutput(out_, q, ResultDtype(q), {p.rows, H, p.head_dim}, "[T][H][L]",
+  const int64_t T = p.rows < 0 ? q.dim(0) : p.rows;  // invalid offsets: refused by the C call
+  const Output out = MakeOutput(out_, q, ResultDtype(q), {T, H, p.head_dim}, "[T][H][L]",
                                 {&q, &p.k_pool, &p.v_pool, extra[0], extra[1]});
   const Array& o = out.array;
   const headsum_batch_shape shape = p.Shape(H, scale_f, causal);

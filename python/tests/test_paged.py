@@ -276,6 +276,16 @@ def test_sequences_with_no_rows_and_an_empty_batch_of_rows(rng):
     assert o.shape == (0, 4, 16)
 
 
+def test_read_only_and_shared_pools_are_read(rng):
+    """attention_paged only reads the pools: read-only arrays, and one
+    array as both K and V, are fine."""
+    p = make(rng, "prefill, block 1")
+    p.k_pool.flags.writeable = False
+    p.v_pool = p.k_pool
+    ref, bound = p.reference()
+    assert_within(p.attend(), ref, bound, "read-only pool as K and V")
+
+
 def test_scale(rng):
     p = make(rng, "prefill, block 1")
     for scale in (0.05, 2.0):
@@ -538,6 +548,8 @@ def test_attention_errors_name_the_argument_and_write_nothing(rng):
         ((q, kp, vp, bt, qo.astype(np.float64), kl), {}, r"q_offsets: dtype float64 is not supported; expected int64"),
         ((q, kp, vp, bt, [1, 2, 3], kl), {}, r"q_offsets\[0\] = 1 must be 0"),
         ((q[:3], kp, vp, bt, [0, 4, 3], [10, 5]), {}, r"q_offsets\[2\] = 3 is below q_offsets\[1\] = 4"),
+        ((q, kp, vp, bt, [0, 2, -1], [10, 5]), {}, r"q_offsets\[2\] = -1 is below q_offsets\[1\] = 2"),
+        ((q, kp, vp, bt, [3, 3, 3], [10, 5]), {}, r"q_offsets\[0\] = 3 must be 0"),
         ((q, kp, vp, bt, qo, kl[:0]), {}, r"kv_lens: expected shape \[B\] with B >= 1"),
         ((q, kp, vp, bt, qo, [10, -1]), {}, r"kv_lens\[1\] = -1 must be >= 0"),
         ((q, kp, vp, bt, qo, [1, 5]), {}, r"sequence 0 has 2 query rows .* kv_lens\[0\] = 1 keys"),
@@ -607,6 +619,7 @@ def test_write_errors_name_the_argument_and_write_nothing(rng):
         ((kn[:2], vn[:2], kp, vp, shared, [0, 1, 2], [13, 5]), r"new rows 0 and 1 would both be written to slot 4 of block"),
         ((kn, vn, kp, vp, np.where(bt == bt[0, 1], 50, bt), qo, kl), r"block_table\[0\]\[1\] = 50 is outside"),
         ((kn, vn, kp, vp, bt, qo, [1, 5]), r"sequence 0 has 2 query rows"),
+        ((kn, vn, kp, vp, bt, [0, 3, 1], kl), r"q_offsets\[2\] = 1 is below q_offsets\[1\] = 3"),
         ((kn, vn, kp, vp, bt, [0, 2], kl), r"q_offsets: expected shape \[B\+1=3\]"),
         ((kn, vn, kp, vp, bt, qo, [10, 99]), r"kv_lens\[1\] = 99 keys do not fit"),
         ((kn, vn, kp, vp, bt.astype(bool), qo, kl), r"block_table: dtype bool is not supported"),
