@@ -730,7 +730,11 @@ Index ImportIndex(nb::handle h, const char* name, int ndim, const std::string& l
   nb::object held = nb::borrow(h);
   if (PyList_Check(h.ptr()) || PyTuple_Check(h.ptr())) {
     static PyObject* asarray = Cached("numpy", "asarray");
-    held = nb::handle(asarray)(h);
+    static PyObject* i64 = Cached("numpy", "int64");
+    // NumPy's own dtype (ints stay ints, floats are refused below); an
+    // empty sequence as int64 rather than NumPy's float64.
+    held = PyObject_Length(h.ptr()) == 0 ? nb::handle(asarray)(h, nb::handle(i64))
+                                         : nb::handle(asarray)(h);
   }
   nb::ndarray<nb::ro> nd;
   if (!nb::try_cast(held, nd, false)) {

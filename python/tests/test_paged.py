@@ -551,6 +551,8 @@ def test_attention_errors_name_the_argument_and_write_nothing(rng):
         ((q, kp, vp, bt, [0, 2, -1], [10, 5]), {}, r"q_offsets\[2\] = -1 is below q_offsets\[1\] = 2"),
         ((q, kp, vp, bt, [3, 3, 3], [10, 5]), {}, r"q_offsets\[0\] = 3 must be 0"),
         ((q, kp, vp, bt, qo, kl[:0]), {}, r"kv_lens: expected shape \[B\] with B >= 1"),
+        ((q, kp, vp, bt, qo, []), {}, r"kv_lens: expected shape \[B\] with B >= 1"),
+        ((q, kp, vp, bt, qo, [10.0, 5.0]), {}, r"kv_lens: dtype float64 is not supported; expected int64"),
         ((q, kp, vp, bt, qo, [10, -1]), {}, r"kv_lens\[1\] = -1 must be >= 0"),
         ((q, kp, vp, bt, qo, [1, 5]), {}, r"sequence 0 has 2 query rows .* kv_lens\[0\] = 1 keys"),
         ((q, kp, vp, bt, qo, [10, 25]), {}, r"kv_lens\[1\] = 25 keys do not fit blocks_per_seq = 3 blocks of block_size = 8"),
