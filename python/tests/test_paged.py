@@ -682,13 +682,13 @@ def test_gil_released_during_the_paged_call():
     thread running."""
     headsum.set_num_threads(1)
     rng = np.random.default_rng(7)
-    p = Paged(rng, 8, 8, 64, 16, [512, 512], [2048, 2048], shuffle=True)
+    p = Paged(rng, 8, 8, 64, 16, [1024, 1024], [4096, 4096], shuffle=True)
     span = {}
     done = threading.Event()
 
     def worker():
         span["start"] = time.perf_counter()
-        p.attend()
+        p.attend(causal=False)
         span["end"] = time.perf_counter()
         done.set()
 
