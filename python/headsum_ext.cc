@@ -283,8 +283,10 @@ bool TorchCapsule(nb::handle h, nb::ndarray<nb::ro>& nd) {
 
 // Imports `h` as an array of min_ndim..max_ndim dims; `layout` names the
 // expected dims in messages ("[B][H][Sq][L]").
+// `writable`: the call writes into the array (a read-only one is refused
+// with `why`).
 Array Import(nb::handle h, const char* name, int min_ndim, int max_ndim, const char* layout,
-             bool writable = false) {
+             bool writable = false, const char* why = "a result needs a writeable array") {
   Array a;
   a.name = name;
   a.torch = IsTorch(h);
@@ -295,7 +297,7 @@ Array Import(nb::handle h, const char* name, int min_ndim, int max_ndim, const c
     if (!nb::try_cast(h, w, false)) {
       nb::ndarray<nb::ro> r;
       if (nb::try_cast(h, r, false)) {
-        Invalid(std::string(name) + ": the array is read-only; a result needs a writeable array");
+        Invalid(std::string(name) + ": the array is read-only; " + why);
       }
       NotAnArray(h, name);
     }
@@ -700,6 +702,329 @@ nb::object Attention(nb::handle q_, nb::handle k_, nb::handle v_, bool causal,
   }
   Check(status);
   return out.object;
+}
+
+// ---------------------------------------------------------------------------
+// Ragged batches over a paged KV cache (headsum_attention_paged,
+// headsum_paged_kv_write)
+
+// An index array (block_table, q_offsets, kv_lens): a NumPy array or DLPack
+// tensor of any integer dtype, or a sequence of ints, copied into int64
+// values (they are small: B + 1, B, B * blocks_per_seq).
+struct Index {
+  std::vector<int64_t> values;
+  int64_t shape[2] = {0, 0};
+  int ndim = 0;
+  std::string shape_str() const { return ShapeString(shape, ndim); }
+};
+
+template <class T>
+T Read(const char* p) {
+  T t;
+  std::memcpy(&t, p, sizeof(T));
+  return t;
+}
+
+Index ImportIndex(nb::handle h, const char* name, int ndim, const std::string& layout,
+                  const char* dtype) {
+  nb::object held = nb::borrow(h);
+  if (PyList_Check(h.ptr()) || PyTuple_Check(h.ptr())) {
+    static PyObject* asarray = Cached("numpy", "asarray");
+    static PyObject* i64 = Cached("numpy", "int64");
+    // NumPy's own dtype (ints stay ints, floats are refused below); an
+    // empty sequence as int64 rather than NumPy's float64.
+    held = PyObject_Length(h.ptr()) == 0 ? nb::handle(asarray)(h, nb::handle(i64))
+                                         : nb::handle(asarray)(h);
+  }
+  nb::ndarray<nb::ro> nd;
+  if (!nb::try_cast(held, nd, false)) {
+    Invalid(std::string(name) + ": expected a NumPy array, a DLPack tensor or a sequence of " +
+            dtype + " values " + layout + ", got " + nb::type_name(h.type()).c_str());
+  }
+  if (nd.device_type() != nb::device::cpu::value) {
+    Invalid(std::string(name) + ": the array is on device type " +
+            std::to_string(nd.device_type()) + "; headsum runs on the CPU");
+  }
+  const nb::dlpack::dtype dt = nd.dtype();
+  const bool is_int = dt.code == static_cast<uint8_t>(nb::dlpack::dtype_code::Int);
+  const bool is_uint = dt.code == static_cast<uint8_t>(nb::dlpack::dtype_code::UInt);
+  if (dt.lanes != 1 || !(is_int || is_uint) ||
+      !(dt.bits == 8 || dt.bits == 16 || dt.bits == 32 || dt.bits == 64)) {
+    Invalid(std::string(name) + ": dtype " + DlpackDtypeName(dt) + " is not supported; expected " +
+            dtype + " (any integer dtype is converted exactly)");
+  }
+  if (static_cast<int>(nd.ndim()) != ndim) {
+    Invalid(std::string(name) + ": expected " + std::to_string(ndim) + " dims " + layout +
+            ", got " + std::to_string(nd.ndim()) + " dims with shape " +
+            ShapeString(nd.shape_ptr(), static_cast<int>(nd.ndim())));
+  }
+  Index x;
+  x.ndim = ndim;
+  int64_t n[2] = {1, 1}, st[2] = {0, 0};
+  for (int i = 0; i < ndim; ++i) {
+    x.shape[i] = nd.shape_ptr()[i];
+    n[2 - ndim + i] = x.shape[i];
+    st[2 - ndim + i] = nd.stride_ptr()[i];
+  }
+  const int64_t item = dt.bits / 8;
+  const char* base = static_cast<const char*>(nd.data());
+  x.values.reserve(static_cast<size_t>(n[0] * n[1]));
+  for (int64_t i = 0; i < n[0]; ++i) {
+    for (int64_t j = 0; j < n[1]; ++j) {
+      const char* p = base + (i * st[0] + j * st[1]) * item;
+      int64_t value = 0;
+      if (is_int) {
+        value = dt.bits == 8    ? Read<int8_t>(p)
+                : dt.bits == 16 ? Read<int16_t>(p)
+                : dt.bits == 32 ? Read<int32_t>(p)
+                                : Read<int64_t>(p);
+      } else {
+        const uint64_t u = dt.bits == 8    ? Read<uint8_t>(p)
+                           : dt.bits == 16 ? Read<uint16_t>(p)
+                           : dt.bits == 32 ? Read<uint32_t>(p)
+                                           : Read<uint64_t>(p);
+        if (u > static_cast<uint64_t>(INT64_MAX)) {
+          Invalid(std::string(name) + ": value " + std::to_string(u) + " does not fit " + dtype);
+        }
+        value = static_cast<int64_t>(u);
+      }
+      x.values.push_back(value);
+    }
+  }
+  return x;
+}
+
+// Whether two arrays of one shape and strides share a byte: an element of b
+// minus one of a is (b - a) + sum_i stride_i d_i bytes, |d_i| < extent_i.
+// Dims that do not interleave (checked by CheckOutput first) leave at most
+// two d_i to try per dim, largest stride first.  K and V halves of one
+// [blocks][2][...] buffer (FlashInfer's layout) do not meet.
+int64_t FloorDiv(int64_t a, int64_t b) { return a / b - (a % b != 0 && (a < 0) != (b < 0)); }
+int64_t CeilDiv(int64_t a, int64_t b) { return -FloorDiv(-a, b); }
+
+bool Meet(const Array& a, const Array& b) {
+  const int64_t item = static_cast<int64_t>(a.itemsize());
+  std::vector<std::pair<int64_t, int64_t>> dims;  // (|stride| in bytes, extent), largest first
+  for (int i = 0; i < a.ndim; ++i) {
+    if (a.shape[i] > 1) dims.emplace_back(std::llabs(a.strides[i]) * item, a.shape[i]);
+  }
+  if (a.size() == 0) return false;
+  std::sort(dims.rbegin(), dims.rend());
+  std::vector<int64_t> reach(dims.size() + 1, item - 1);  // what dims i.. reach past 0
+  for (size_t i = dims.size(); i-- > 0;) {
+    reach[i] = reach[i + 1] + dims[i].first * (dims[i].second - 1);
+  }
+  const int64_t gap = static_cast<int64_t>(reinterpret_cast<uintptr_t>(b.data) -
+                                           reinterpret_cast<uintptr_t>(a.data));
+  const auto search = [&](const auto& self, int64_t d, size_t i) -> bool {
+    if (i == dims.size()) return std::llabs(d) < item;
+    const int64_t s = dims[i].first, rest = reach[i + 1];
+    // d + s * k within [-rest, rest], |k| < extent.
+    const int64_t lo = std::max<int64_t>(-(dims[i].second - 1), CeilDiv(-rest - d, s));
+    const int64_t hi = std::min<int64_t>(dims[i].second - 1, FloorDiv(rest - d, s));
+    if (hi - lo > 8) return true;  // not expected after CheckOutput; refuse rather than guess
+    for (int64_t k = lo; k <= hi; ++k) {
+      const int64_t r = d + s * k;
+      if (r >= -rest && r <= rest && self(self, r, i + 1)) return true;
+    }
+    return false;
+  };
+  if (std::llabs(gap) > reach[0]) return false;
+  return search(search, gap, 0);
+}
+
+// The pools and the index arrays, checked.
+struct Paged {
+  Array k_pool, v_pool;
+  Index block_table, q_offsets, kv_lens;
+  std::vector<int32_t> table;
+  int64_t batch = 0, rows = 0, kv_heads = 0, head_dim = 0;
+
+  // The C structs over them (pointing into this object).
+  headsum_paged_kv Kv() const {
+    headsum_paged_kv kv;
+    kv.k = k_pool.data;
+    kv.v = v_pool.data;
+    kv.dtype = k_pool.dtype;
+    kv.num_blocks = k_pool.dim(0);
+    kv.block_size = k_pool.dim(1);
+    kv.strides[0] = k_pool.strides[0];
+    kv.strides[1] = k_pool.strides[1];
+    kv.strides[2] = k_pool.strides[2];
+    kv.block_table = table.data();
+    kv.blocks_per_seq = block_table.shape[1];
+    return kv;
+  }
+  headsum_batch_shape Shape(int64_t heads, float scale, bool causal) const {
+    return headsum_batch_shape{batch,     heads, kv_heads, head_dim, scale, causal ? 1 : 0,
+                               q_offsets.values.data(), kv_lens.values.data()};
+  }
+};
+
+constexpr const char* kPoolLayout = "[num_blocks][block_size][Hkv][L]";
+
+Paged ImportPaged(nb::handle k_pool_, nb::handle v_pool_, nb::handle block_table_,
+                  nb::handle q_offsets_, nb::handle kv_lens_, bool written) {
+  Paged p;
+  const char* why = "paged_kv_write writes the new rows into the caller's pools in place";
+  p.k_pool = Import(k_pool_, "k_pool", 4, 4, kPoolLayout, written, why);
+  p.v_pool = Import(v_pool_, "v_pool", 4, 4, kPoolLayout, written, why);
+  const Array& k = p.k_pool;
+  const Array& v = p.v_pool;
+  for (const Array* a : {&k, &v}) {
+    if (!a->viewable()) {
+      Invalid(std::string(a->name) +
+              ": pools are read and written in place, never copied: the last dim (L) must be "
+              "contiguous, the strides non-negative and the data aligned (strides in elements " +
+              ShapeString(a->strides, a->ndim) + ", shape " + a->shape_str() + ")");
+    }
+  }
+  if (v.dtype != k.dtype) {
+    Invalid(std::string("v_pool: dtype ") + DtypeName(v.dtype) + " differs from k_pool's " +
+            DtypeName(k.dtype) + "; the pools share one dtype");
+  }
+  if (!std::equal(k.shape, k.shape + 4, v.shape)) {
+    Invalid("v_pool: expected the shape of k_pool, " + k.shape_str() + ", got " + v.shape_str());
+  }
+  if (!std::equal(k.strides, k.strides + 4, v.strides)) {
+    Invalid("v_pool: strides (in elements) " + ShapeString(v.strides, 4) + " differ from k_pool's " +
+            ShapeString(k.strides, 4) + "; the pools share one layout");
+  }
+  p.kv_heads = k.dim(2);
+  p.head_dim = k.dim(3);
+  p.kv_lens = ImportIndex(kv_lens_, "kv_lens", 1, "[B]", "int64");
+  p.batch = p.kv_lens.shape[0];
+  if (p.batch < 1) {
+    Invalid("kv_lens: expected shape [B] with B >= 1 (the keys of each sequence), got " +
+            p.kv_lens.shape_str());
+  }
+  const std::string b1 = "[B+1=" + std::to_string(p.batch + 1) + "]";
+  p.q_offsets = ImportIndex(q_offsets_, "q_offsets", 1, b1, "int64");
+  if (p.q_offsets.shape[0] != p.batch + 1) {
+    Invalid("q_offsets: expected shape " + b1 + " (B=" + std::to_string(p.batch) +
+            " from kv_lens), got " + p.q_offsets.shape_str());
+  }
+  // T = q_offsets[B] when the offsets are valid; otherwise (-1) the C call
+  // names the offset at fault, before reading or writing anything.
+  const std::vector<int64_t>& qo = p.q_offsets.values;
+  const bool offsets_valid = qo[0] == 0 && std::is_sorted(qo.begin(), qo.end());
+  p.rows = offsets_valid ? qo.back() : -1;
+  const std::string table_layout = "[B=" + std::to_string(p.batch) + "][blocks_per_seq]";
+  p.block_table = ImportIndex(block_table_, "block_table", 2, table_layout, "int32");
+  if (p.block_table.shape[0] != p.batch || p.block_table.shape[1] < 1) {
+    Invalid("block_table: expected shape " + table_layout + " with blocks_per_seq >= 1, got " +
+            p.block_table.shape_str());
+  }
+  p.table.resize(p.block_table.values.size());
+  for (size_t i = 0; i < p.table.size(); ++i) {
+    const int64_t e = p.block_table.values[i];
+    if (e < INT32_MIN || e > INT32_MAX) {
+      const int64_t per = p.block_table.shape[1];
+      Invalid("block_table: entry [" + std::to_string(static_cast<int64_t>(i) / per) + "][" +
+              std::to_string(static_cast<int64_t>(i) % per) + "] = " + std::to_string(e) +
+              " does not fit int32");
+    }
+    p.table[i] = static_cast<int32_t>(e);
+  }
+  return p;
+}
+
+// Token rows [T][n][L] as the C call indexes them: strides {unused, head, token}.
+headsum_tensor Rows(const Array& a) { return View(a, 0, a.strides[1], a.strides[0]); }
+
+// [T][heads][L] rows: T = q_offsets[B] (when valid), L the pools'.
+void CheckRows(const Array& a, const Paged& p, int64_t heads, const char* heads_name) {
+  const bool fits =
+      (p.rows < 0 || a.dim(0) == p.rows) && a.dim(1) == heads && a.dim(2) == p.head_dim;
+  if (!fits) {
+    Invalid(std::string(a.name) + ": expected shape [T=q_offsets[B]=" + std::to_string(p.rows) +
+            "][" + Dim(heads_name, heads) + "][" + Dim("L", p.head_dim) + "], got " +
+            a.shape_str());
+  }
+}
+
+float ScaleOf(std::optional<double> scale) {
+  if (!scale) return 0.0f;  // 0: 1/sqrt(L)
+  if (*scale == 0.0) Invalid("scale: must not be 0 (None means 1/sqrt(L))");
+  return static_cast<float>(*scale);  // not finite: the C API says so
+}
+
+nb::object AttentionPaged(nb::handle q_, nb::handle k_pool_, nb::handle v_pool_,
+                          nb::handle block_table_, nb::handle q_offsets_, nb::handle kv_lens_,
+                          bool causal, std::optional<double> scale, int64_t window,
+                          double softcap, nb::handle alibi_slopes_, nb::handle sinks_,
+                          nb::handle out_) {
+  const Array q = Import(q_, "q", 3, 3, "[T][H][L]");
+  const Paged p = ImportPaged(k_pool_, v_pool_, block_table_, q_offsets_, kv_lens_, false);
+  const int64_t H = q.dim(1);
+  if (p.head_dim != q.dim(2) || p.kv_heads < 1 || H % p.kv_heads != 0) {
+    Invalid("k_pool: expected shape [num_blocks][block_size][Hkv][" + Dim("L", q.dim(2)) +
+            "] with Hkv dividing " + Dim("H", H) + " (from q), got " + p.k_pool.shape_str());
+  }
+  CheckRows(q, p, H, "H");
+  const float scale_f = ScaleOf(scale);
+  Options options = ImportOptions(window, softcap, alibi_slopes_, sinks_, H);
+  const std::vector<const Array*> extra = options.arrays();
+  const int64_t T = p.rows < 0 ? q.dim(0) : p.rows;  // invalid offsets: refused by the C call
+  const Output out = MakeOutput(out_, q, ResultDtype(q), {T, H, p.head_dim}, "[T][H][L]",
+                                {&q, &p.k_pool, &p.v_pool, extra[0], extra[1]});
+  const Array& o = out.array;
+  const headsum_batch_shape shape = p.Shape(H, scale_f, causal);
+  const headsum_paged_kv kv = p.Kv();
+  headsum_status status;
+  {
+    nb::gil_scoped_release release;
+    // q and out in place when the C call reads them as they are, else
+    // staged (the pools are always read in place).
+    std::vector<float> qb, ob;
+    headsum_tensor tq = Rows(q), to = Rows(o);
+    if (!q.viewable()) {
+      tq = headsum_tensor{const_cast<float*>(StageF32(q, qb)), HEADSUM_F32, {0, p.head_dim, H * p.head_dim}};
+    }
+    float* op = nullptr;
+    if (!o.viewable()) {
+      op = OutputF32(o, ob);
+      to = headsum_tensor{op, HEADSUM_F32, {0, p.head_dim, H * p.head_dim}};
+    }
+    status = headsum_attention_paged(&shape, options.Resolve(), &tq, &kv, &to);
+    if (status == HEADSUM_OK && op) Unstage(op, o);
+  }
+  Check(status);
+  return out.object;
+}
+
+void PagedKvWrite(nb::handle k_new_, nb::handle v_new_, nb::handle k_pool_, nb::handle v_pool_,
+                  nb::handle block_table_, nb::handle q_offsets_, nb::handle kv_lens_) {
+  const Array kn = Import(k_new_, "k_new", 3, 3, "[T][Hkv][L]");
+  const Array vn = Import(v_new_, "v_new", 3, 3, "[T][Hkv][L]");
+  const Paged p = ImportPaged(k_pool_, v_pool_, block_table_, q_offsets_, kv_lens_, true);
+  CheckRows(kn, p, p.kv_heads, "Hkv");
+  CheckRows(vn, p, p.kv_heads, "Hkv");
+  // The pools are written: neither may reach one element twice, meet the
+  // new rows, or share an element with the other.
+  CheckOutput(p.k_pool, {&kn, &vn});
+  CheckOutput(p.v_pool, {&kn, &vn});
+  if (Meet(p.k_pool, p.v_pool)) {
+    Invalid("v_pool: its memory meets k_pool's; K and V need pools of their own (or disjoint "
+            "halves of one buffer)");
+  }
+  const headsum_batch_shape shape = p.Shape(p.kv_heads, 0.0f, true);
+  const headsum_paged_kv kv = p.Kv();
+  headsum_status status;
+  {
+    nb::gil_scoped_release release;
+    std::vector<float> kb, vb;
+    headsum_tensor tk = Rows(kn), tv = Rows(vn);
+    const int64_t row = p.kv_heads * p.head_dim;
+    if (!kn.viewable()) {
+      tk = headsum_tensor{const_cast<float*>(StageF32(kn, kb)), HEADSUM_F32, {0, p.head_dim, row}};
+    }
+    if (!vn.viewable()) {
+      tv = headsum_tensor{const_cast<float*>(StageF32(vn, vb)), HEADSUM_F32, {0, p.head_dim, row}};
+    }
+    status = headsum_paged_kv_write(&shape, &kv, &tk, &tv);
+  }
+  Check(status);
 }
 
 // ---------------------------------------------------------------------------
@@ -1130,6 +1455,67 @@ scale: None means 1/sqrt(L).  The GIL is released while the kernel runs.
 Raises ValueError for bad arguments (the message names the argument and the
 expected shape), RuntimeError when the build or CPU cannot serve the call,
 MemoryError when memory runs out.)");
+
+  m.def("attention_paged", &AttentionPaged, "q"_a.none(), "k_pool"_a.none(), "v_pool"_a.none(),
+        "block_table"_a.none(), "q_offsets"_a.none(), "kv_lens"_a.none(), nb::kw_only(),
+        "causal"_a = true, "scale"_a = nb::none(), "window"_a = 0, "softcap"_a = 0.0,
+        "alibi_slopes"_a = nb::none(), "sinks"_a = nb::none(), "out"_a = nb::none(),
+        R"(attention_paged(q, k_pool, v_pool, block_table, q_offsets, kv_lens, *, causal=True,
+                scale=None, window=0, softcap=0.0, alibi_slopes=None, sinks=None,
+                out=None) -> array
+
+Attention of a ragged batch over a paged KV cache (vLLM, FlashInfer):
+sequence b owns query rows q_offsets[b] .. q_offsets[b+1]-1 (n_b of them,
+possibly none) and attends over its first kv_lens[b] keys; its rows are its
+last positions, so row r sits at p = kv_lens[b] - n_b + (r - q_offsets[b])
+(causal is bottom-right aligned: decode steps, prefill, chunked prefill and
+their mix are one call).  Token t of sequence b is slot t % block_size of
+block block_table[b][t // block_size]; blocks may be shared (a common
+prefix), entries past a sequence's blocks are never read.
+
+q            [T][H][L], T = q_offsets[B]
+k_pool, v_pool  [num_blocks][block_size][Hkv][L], Hkv dividing H; any
+             non-negative strides with L contiguous, one dtype and the same
+             strides for both (a [num_blocks][Hkv][block_size][L] pool
+             passes as pool.transpose(0, 2, 1, 3)); read in place, never
+             copied
+block_table  [B][blocks_per_seq] int32    q_offsets [B+1] int64
+kv_lens      [B] int64 (B from kv_lens)
+returns / out  [T][H][L]
+Index arrays: NumPy arrays, DLPack tensors or sequences of any integer
+dtype, converted exactly (a small copy); block_table entries must fit
+int32.  Pools and q: float32/float16/bfloat16 (bfloat16 through DLPack,
+e.g. torch).  q and out are read/written in place when their last dim is
+contiguous (else staged once through float32).  The result has q's dtype
+(float32 for a bfloat16 q that is not a torch tensor) and framework, as
+attention(); out= may be any writeable array of that shape.
+window, softcap, alibi_slopes [H], sinks [H]: as attention() takes them,
+positions as above.  scale: None means 1/sqrt(L).  The GIL is released
+while the kernel runs.  Raises ValueError naming the argument (the C
+library's checks: q_offsets from 0 and non-decreasing, n_b <= kv_lens[b],
+block_table entries in [0, num_blocks), blocks_per_seq * block_size
+covering kv_lens[b]); nothing is written on failure.)");
+
+  m.def("paged_kv_write", &PagedKvWrite, "k_new"_a.none(), "v_new"_a.none(), "k_pool"_a.none(),
+        "v_pool"_a.none(), "block_table"_a.none(), "q_offsets"_a.none(), "kv_lens"_a.none(),
+        R"(paged_kv_write(k_new, v_new, k_pool, v_pool, block_table, q_offsets, kv_lens) -> None
+
+Writes each sequence's n_b = q_offsets[b+1] - q_offsets[b] new K and V rows
+into its cache positions kv_lens[b] - n_b .. kv_lens[b] - 1 of the pools,
+converted to the pools' dtype (round to nearest even): how an engine
+appends a step before attention_paged.  kv_lens counts the keys after the
+write.
+
+k_new, v_new  [T][Hkv][L] (T = q_offsets[B]), float32/float16/bfloat16,
+              read in place (last dim not contiguous: staged once)
+k_pool, v_pool  [num_blocks][block_size][Hkv][L], as attention_paged takes
+              them; written IN PLACE: they must be writeable, L contiguous,
+              never copied
+block_table, q_offsets, kv_lens  as attention_paged
+Refused (ValueError, naming the argument, nothing written): read-only or
+non-contiguous pools, pools that meet each other or k_new/v_new, two rows
+written to one slot (a shared block written by two sequences), and every
+rule of attention_paged.  The GIL is released during the write.)");
 
   m.def("project_heads_sum", &ProjectHeadsSum, "o"_a.none(), "wo"_a.none(), "bias"_a = nb::none(),
         "gates"_a = nb::none(), nb::kw_only(), "out"_a = nb::none(),

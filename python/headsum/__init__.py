@@ -12,6 +12,8 @@ be gated, measured and attributed without materializing [B][S][H][D].
     mha = headsum.MHA(wq, wk, wv, wo, heads=8, rope_theta=10000.0)  # the whole layer
     cache = mha.new_cache(batch=1, capacity=4096)
     y = mha(x, cache)                               # x, y [B][S][Dm]
+    headsum.paged_kv_write(k_new, v_new, k_pool, v_pool, block_table, q_offsets, kv_lens)
+    o = headsum.attention_paged(q, k_pool, v_pool, block_table, q_offsets, kv_lens)
 
 Arrays are NumPy float32/float16 arrays or DLPack tensors (PyTorch float32,
 float16, bfloat16) on the CPU, read in place; see each function's docstring.
@@ -26,10 +28,12 @@ from ._headsum import (
     __version__,
     active_target,
     attention,
+    attention_paged,
     compiled_targets,
     head_attribution,
     head_contribution_norms,
     head_contributions,
+    paged_kv_write,
     project_heads_sum,
     set_num_threads,
     set_target,
@@ -42,10 +46,12 @@ __all__ = [
     "__version__",
     "active_target",
     "attention",
+    "attention_paged",
     "compiled_targets",
     "head_attribution",
     "head_contribution_norms",
     "head_contributions",
+    "paged_kv_write",
     "project_heads_sum",
     "set_num_threads",
     "set_target",

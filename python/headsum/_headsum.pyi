@@ -40,6 +40,50 @@ def attention(
     alibi_slopes, sinks [H]; bias broadcastable to [B][H][Sq][Skv] (2-4
     dims, last dim Skv), -inf removes a key."""
 
+# Index arrays: NumPy arrays, DLPack tensors or sequences of ints (any
+# integer dtype, converted exactly).
+IndexLike = Union[ArrayLike, Sequence[int], Sequence[Sequence[int]]]
+
+def attention_paged(
+    q: ArrayLike,
+    k_pool: ArrayLike,
+    v_pool: ArrayLike,
+    block_table: IndexLike,
+    q_offsets: IndexLike,
+    kv_lens: IndexLike,
+    *,
+    causal: bool = True,
+    scale: Optional[float] = None,
+    window: int = 0,
+    softcap: float = 0.0,
+    alibi_slopes: Optional[PerHead] = None,
+    sinks: Optional[PerHead] = None,
+    out: Optional[ArrayLike] = None,
+) -> ArrayLike:
+    """O [T][H][L] of a ragged batch over a paged KV cache.  q [T][H][L]
+    (T = q_offsets[B]); k_pool, v_pool [num_blocks][block_size][Hkv][L]
+    (one dtype and strides, L contiguous, read in place; a head-major pool
+    passes as .transpose(0, 2, 1, 3)); block_table [B][blocks_per_seq]
+    (int32 values); q_offsets [B+1], kv_lens [B] (int64 values).  Sequence
+    b's rows q_offsets[b] .. q_offsets[b+1]-1 are its last positions among
+    its kv_lens[b] keys (causal bottom-right); token t is slot
+    t % block_size of block block_table[b][t // block_size].  Options as
+    attention()."""
+
+def paged_kv_write(
+    k_new: ArrayLike,
+    v_new: ArrayLike,
+    k_pool: ArrayLike,
+    v_pool: ArrayLike,
+    block_table: IndexLike,
+    q_offsets: IndexLike,
+    kv_lens: IndexLike,
+) -> None:
+    """Writes k_new, v_new [T][Hkv][L] into the pools IN PLACE at each
+    sequence's positions kv_lens[b] - n_b .. kv_lens[b] - 1, converted to
+    the pools' dtype (nearest even).  The pools must be writeable with L
+    contiguous; they are never copied."""
+
 def project_heads_sum(
     o: ArrayLike,
     wo: ArrayLike,
