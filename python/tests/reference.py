@@ -24,6 +24,23 @@ ROUNDING = {
 }
 
 
+# The native bf16 paths (headsum.compiled_targets() lists them first).
+NATIVE_PATHS = ("AMX_BF16", "AVX512_BF16", "NEON_BF16")
+
+
+def native_rounds_p(*inputs):
+    """Whether a native bf16 path may compute an attention of these inputs:
+    one is in force and they are all bfloat16.  It rounds P to bf16 for P V,
+    relative 2^-8 a term (tests/error_bounds.cc, NativeBf16PvBound); where
+    the call runs on the Highway kernels instead (AVX512_BF16 on Intel),
+    the bound is merely the looser."""
+    import headsum
+
+    return headsum.active_target() in NATIVE_PATHS and all(
+        dtype_name(x) == "bfloat16" for x in inputs
+    )
+
+
 def f64(a):
     """The exact values of a NumPy array or torch tensor, as float64."""
     if hasattr(a, "detach"):  # torch: widen exactly before leaving torch
@@ -81,13 +98,14 @@ def score_options(s, softcap=0.0, alibi_slopes=None, bias=None):
     return s, err
 
 
-def softmax_v(s, score_err, vis, v, sinks=None, v_err=None):
+def softmax_v(s, score_err, vis, v, sinks=None, v_err=None, p_unit=0.0):
     """O = softmax(S) V over the visible, finite scores (a sink joining each
     row's denominator), and its first-order float32 error (without SAFETY):
     sum_j p_j delta_j |v_j| + delta_bar A + (2 Skv + 4) eps A (+ 4 eps A with
     sinks) + sum_j p_j v_err_j, A = sum_j p_j |v_j|; delta_j the relative
     error of weight j (exp, forming s_j - m, the score's own error), the
-    sink's in delta_bar (tests/error_bounds.cc, SoftmaxVBoundImpl).  s,
+    sink's in delta_bar (tests/error_bounds.cc, SoftmaxVBoundImpl); p_unit
+    A more where P is rounded for P V (2^-8: a native bf16 path).  s,
     score_err, vis [B][H][Sq][Skv]; v, v_err [B][H][Skv][L]."""
     Skv = s.shape[-1]
     vis = vis & (s > -np.inf)
@@ -113,17 +131,18 @@ def softmax_v(s, score_err, vis, v, sinks=None, v_err=None):
     a = p @ np.abs(v)
     weighted = (p * delta) @ np.abs(v)
     accumulation = (2 * Skv + 4) * EPS + (4 * EPS if sinks is not None else 0.0)
-    err = weighted + delta_bar * a + accumulation * a
+    err = weighted + delta_bar * a + accumulation * a + p_unit * a
     if v_err is not None:
         err = err + p @ v_err
     return o, err
 
 
 def attention_ref(q, k, v, causal, scale, window=0, softcap=0.0, alibi_slopes=None,
-                  sinks=None, bias=None):
+                  sinks=None, bias=None, p_rounded=False):
     """O and its float32-kernel error bound.  q [B][H][Sq][L], k/v [B][Hkv][Skv][L]
     (float64 holding the kernel's inputs); scale the value the kernel uses;
-    the options as headsum.attention takes them (float64 values)."""
+    the options as headsum.attention takes them (float64 values);
+    p_rounded: a native bf16 path may compute it (native_rounds_p)."""
     B, H, Sq, L = q.shape
     Hkv, Skv = k.shape[1], k.shape[2]
     kk = np.repeat(k, H // Hkv, axis=1)
@@ -132,7 +151,7 @@ def attention_ref(q, k, v, causal, scale, window=0, softcap=0.0, alibi_slopes=No
     score_err = (L + 3) * EPS * abs(scale) * np.einsum("bhil,bhjl->bhij", np.abs(q), np.abs(kk))
     s, extra = score_options(s, softcap, alibi_slopes, bias)
     vis = np.broadcast_to(visible(Sq, Skv, causal, window), s.shape)
-    o, err = softmax_v(s, score_err + extra, vis, vv, sinks)
+    o, err = softmax_v(s, score_err + extra, vis, vv, sinks, p_unit=2.0**-8 if p_rounded else 0.0)
     return o, SAFETY * err
 
 

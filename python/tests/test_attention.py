@@ -6,7 +6,7 @@ import pytest
 
 import headsum
 from conftest import copies, torch_or_skip
-from reference import assert_within, attention_ref, f64
+from reference import assert_within, attention_ref, f64, native_rounds_p
 
 SHAPES = [
     # B, H, Hkv, Sq, Skv, L
@@ -28,7 +28,7 @@ def make_qkv(rng, B, H, Hkv, Sq, Skv, L, dtype=np.float32):
 def check(o, q, k, v, causal, scale=None):
     L = q.shape[3]
     s = 1.0 / np.sqrt(L) if scale is None else float(np.float32(scale))
-    ref, bound = attention_ref(f64(q), f64(k), f64(v), causal, s)
+    ref, bound = attention_ref(f64(q), f64(k), f64(v), causal, s, p_rounded=native_rounds_p(q, k, v))
     assert_within(o, ref, bound, "attention")
 
 
@@ -195,7 +195,7 @@ def test_torch_bf16_matches_sdpa(rng):
     ref = torch.nn.functional.scaled_dot_product_attention(
         q.double(), k.double(), v.double(), is_causal=True
     )
-    _, bound = attention_ref(f64(q), f64(k), f64(v), True, 1 / 8)
+    _, bound = attention_ref(f64(q), f64(k), f64(v), True, 1 / 8, p_rounded=native_rounds_p(q, k, v))
     assert_within(o, ref.numpy(), bound, "attention bf16 vs torch float64 SDPA")
 
 
