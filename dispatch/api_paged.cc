@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "dispatch/entry.h"
@@ -135,7 +136,8 @@ headsum_status CheckPagedKv(const char* fn, const headsum_paged_kv* kv, PagedBat
   for (int i = 0; i < 2; ++i) {
     headsum_tensor t;
     t.data = i == 0 ? kv->k : kv->v;
-    t.dtype = kv->dtype;
+    // The field may hold any int (CheckTensor reads it as one): no enum load.
+    memcpy(&t.dtype, &kv->dtype, sizeof(t.dtype));
     t.strides[0] = kv->strides[0];
     t.strides[1] = kv->strides[2];
     t.strides[2] = kv->strides[1];

@@ -448,6 +448,14 @@ TEST(PagedAttentionInvalid, EveryRuleIsNamedAndNothingIsWritten) {
     r.kv.strides[1] = -1;
     rules.push_back(r);
   }
+  {
+    // Any int in the field (a C caller can store one), read without an enum
+    // load (UBSan's -fsanitize=enum flagged kv->dtype copied as the enum).
+    Rule r{"pool dtype unknown", good, good_kv, "kv->k->dtype = 7"};
+    const int seven = 7;
+    memcpy(&r.kv.dtype, &seven, sizeof(int));
+    rules.push_back(r);
+  }
   for (const Rule& r : rules) {
     SCOPED_TRACE(r.what);
     EXPECT_EQ(headsum_attention_paged(&r.shape, nullptr, &tq, &r.kv, &to),
