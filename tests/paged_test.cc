@@ -499,6 +499,17 @@ TEST(PagedAttentionInvalid, EveryRuleIsNamedAndNothingIsWritten) {
   in_pool.data = p.k_pool.base();
   EXPECT_EQ(headsum_paged_kv_write(&good, &good_kv, &in_pool, &tkn), HEADSUM_ERR_INVALID_ARGUMENT);
   EXPECT_TRUE(p.k_pool.bytes == k_before);
+  // A write checks the entries of the blocks written only: sequence 1 (6
+  // keys, its second block partly filled) writes no row, so its bad entry
+  // table[1][1] is neither read nor refused (the fuzz harness found it read).
+  {
+    static const int64_t one_row[3] = {0, 1, 1};
+    headsum_batch_shape shape = good;
+    shape.q_offsets = one_row;
+    headsum_paged_kv kv = good_kv;
+    kv.block_table = bad_table.data();
+    EXPECT_EQ(headsum_paged_kv_write(&shape, &kv, &tkn, &tkn), HEADSUM_OK) << headsum_last_error();
+  }
 }
 
 }  // namespace
