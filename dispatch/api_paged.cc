@@ -57,13 +57,15 @@ headsum_status CheckBatchShape(const char* fn, const headsum_batch_shape* shape,
   *max_rows = 0;
   *max_keys = 0;
   for (int64_t b = 0; b < shape->batch; ++b) {
-    const int64_t n = shape->q_offsets[b + 1] - shape->q_offsets[b];
+    // Order first: q_offsets[b] >= 0 holds here (from q_offsets[0] = 0), so
+    // the difference of an ordered pair cannot overflow.
     if (shape->q_offsets[b + 1] < shape->q_offsets[b]) {
       return Fail(HEADSUM_ERR_INVALID_ARGUMENT, fn,
                   "shape->q_offsets[%" PRId64 "] = %" PRId64 " is below q_offsets[%" PRId64
                   "] = %" PRId64 " (they must not decrease)",
                   b + 1, shape->q_offsets[b + 1], b, shape->q_offsets[b]);
     }
+    const int64_t n = shape->q_offsets[b + 1] - shape->q_offsets[b];
     if (shape->kv_lens[b] < 0) {
       return Fail(HEADSUM_ERR_INVALID_ARGUMENT, fn,
                   "shape->kv_lens[%" PRId64 "] = %" PRId64 " must be >= 0", b, shape->kv_lens[b]);
@@ -110,14 +112,15 @@ headsum_status CheckPagedKv(const char* fn, const headsum_paged_kv* kv, PagedBat
                               static_cast<int64_t>(p->batch), kv->blocks_per_seq));
   for (size_t b = 0; b < p->batch; ++b) {
     const int64_t len = p->kv_lens[b];
-    if (len > kv->blocks_per_seq * kv->block_size ||
-        (len + kv->block_size - 1) / kv->block_size > kv->blocks_per_seq) {
+    // The blocks it uses, ceil(len / block_size), without overflow (len >= 0,
+    // block_size >= 1; blocks_per_seq * block_size may pass INT64_MAX).
+    const int64_t used = len / kv->block_size + (len % kv->block_size != 0 ? 1 : 0);
+    if (used > kv->blocks_per_seq) {
       return Fail(HEADSUM_ERR_INVALID_ARGUMENT, fn,
                   "kv_lens[%zu] = %" PRId64 " keys do not fit blocks_per_seq = %" PRId64
                   " blocks of block_size = %" PRId64,
                   b, len, kv->blocks_per_seq, kv->block_size);
     }
-    const int64_t used = (len + kv->block_size - 1) / kv->block_size;
     const int64_t n_rows = p->q_offsets[b + 1] - p->q_offsets[b];
     // A sequence that writes no row writes no block: none of its entries is
     // read (len / block_size would be its partly filled last block).
