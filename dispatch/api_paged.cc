@@ -254,6 +254,41 @@ headsum_status headsum_paged_kv_write(const headsum_batch_shape* shape,
                         slots[i].first / p.block_rows);
           }
         }
+        // Nor may two written rows (each kv head's L elements, in K and in V)
+        // meet in memory: K and V pools that alias, or strides under which
+        // distinct slots or heads share bytes, would leave whichever row was
+        // written last.
+        struct Written { uintptr_t lo, hi; uint64_t row; int pool; };  // bytes [lo, hi)
+        thread_local std::vector<Written> rows_written;
+        rows_written.clear();
+        const uint64_t bytes = DTypeBytes(p.k.dtype);
+        for (const auto& slot : slots) {
+          const uint64_t block = slot.first / p.block_rows, s = slot.first % p.block_rows;
+          for (int i = 0; i < 2; ++i) {
+            const uintptr_t base = reinterpret_cast<uintptr_t>(i == 0 ? kv->k : kv->v);
+            for (size_t g = 0; g < p.kv_heads; ++g) {
+              const uint64_t at = (block * static_cast<uint64_t>(kv->strides[0]) +
+                                   s * static_cast<uint64_t>(kv->strides[1]) +
+                                   g * static_cast<uint64_t>(kv->strides[2])) * bytes;
+              rows_written.push_back({base + at, base + at + p.head_dim * bytes, slot.second, i});
+            }
+          }
+        }
+        std::sort(rows_written.begin(), rows_written.end(),
+                  [](const Written& x, const Written& y) { return x.lo < y.lo; });
+        for (size_t i = 1; i < rows_written.size(); ++i) {
+          const Written& x = rows_written[i - 1];
+          const Written& y = rows_written[i];
+          if (y.lo < x.hi) {
+            return Fail(HEADSUM_ERR_INVALID_ARGUMENT, fn,
+                        "new row %" PRIu64 " of %s and new row %" PRIu64
+                        " of %s would be written to bytes that meet (destination slots must "
+                        "not meet: kv->k and kv->v alias, or the strides {%" PRId64 ", %" PRId64
+                        ", %" PRId64 "} make slots or heads share memory)",
+                        x.row, x.pool == 0 ? "K" : "V", y.row, y.pool == 0 ? "K" : "V",
+                        kv->strides[0], kv->strides[1], kv->strides[2]);
+          }
+        }
         return HEADSUM_OK;
       })
       .Run([&] {

@@ -507,6 +507,21 @@ TEST(PagedAttentionInvalid, EveryRuleIsNamedAndNothingIsWritten) {
   in_pool.data = p.k_pool.base();
   EXPECT_EQ(headsum_paged_kv_write(&good, &good_kv, &in_pool, &tkn), HEADSUM_ERR_INVALID_ARGUMENT);
   EXPECT_TRUE(p.k_pool.bytes == k_before);
+  // K and V pools on one memory, or a slot stride of 0 (two slots of a
+  // block on the same bytes): the destinations meet (the fuzz harness found
+  // both written, whichever last).
+  for (int alias = 0; alias < 2; ++alias) {
+    headsum_paged_kv kv = good_kv;
+    if (alias == 0) {
+      kv.v = kv.k;
+    } else {
+      kv.strides[1] = 0;
+    }
+    EXPECT_EQ(headsum_paged_kv_write(&good, &kv, &tkn, &tkn), HEADSUM_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(headsum_last_error()).find("meet"), std::string::npos)
+        << headsum_last_error();
+    EXPECT_TRUE(p.k_pool.bytes == k_before);
+  }
   // Blocks of INT64_MAX slots (a slot stride of 0 keeps the pool
   // addressable): blocks_per_seq * block_size passes INT64_MAX, every
   // sequence uses one block, and the call is valid.
