@@ -639,9 +639,14 @@ int FuzzAttentionEx(Input& in) {
   return 0;
 }
 
+void Why(bool valid, const char** why, const char* rule) {
+  if (!valid && *why == nullptr) *why = rule;
+}
+
 // fn 16 headsum_attention_paged, fn 17 headsum_paged_kv_write.
 int FuzzPaged(int fn, Input& in) {
   const bool write = fn == 17;
+  const char* why = nullptr;  // the first rule broken (HEADSUM_FUZZ_VERBOSE)
   static std::vector<uint8_t> arena(kArenaBytes);
   FillArena(arena, in);
   // The batch shape.
@@ -656,6 +661,7 @@ int FuzzPaged(int fn, Input& in) {
   const int64_t Hkv = s.kv_heads == 0 ? s.heads : s.kv_heads;
   bool valid = s.batch >= 1 && s.heads >= 1 && s.head_dim >= 1 && s.kv_heads >= 0 &&
                Hkv >= 1 && s.heads % Hkv == 0 && isfinite(s.scale);
+               Why(valid, &why, "shape");
   const int64_t B = std::max<int64_t>(s.batch, 1);  // arrays are sized for at least one
   std::vector<int64_t> q_offsets(static_cast<size_t>(B + 1), 0), kv_lens(static_cast<size_t>(B));
   static const int64_t kHostileLen[] = {-1, -5, INT64_MIN, INT64_MAX, int64_t{1} << 40,
@@ -682,6 +688,7 @@ int FuzzPaged(int fn, Input& in) {
   s.q_offsets = in.Byte() > 252 ? nullptr : q_offsets.data();
   s.kv_lens = in.Byte() > 252 ? nullptr : kv_lens.data();
   valid = valid && s.q_offsets != nullptr && s.kv_lens != nullptr;
+  Why(valid, &why, "NULL q_offsets or kv_lens");
   // q_offsets from 0 and non-decreasing, 0 <= n_b <= kv_lens[b] (in 128 bits).
   __int128 max_rows = 0, max_keys = 0;
   valid = valid && q_offsets[0] == 0;
@@ -691,6 +698,7 @@ int FuzzPaged(int fn, Input& in) {
     max_rows = std::max(max_rows, n);
     max_keys = std::max<__int128>(max_keys, kv_lens[b]);
   }
+  Why(valid, &why, "q_offsets or kv_lens");
   const int64_t T = q_offsets[B];  // when valid, the rows in all
   // The paged cache.
   headsum_paged_kv kv = {};
@@ -711,8 +719,10 @@ int FuzzPaged(int fn, Input& in) {
                                    : kHostileBlock[psel % 8];
   valid = valid && kv.block_size >= 1 && kv.num_blocks >= 1 && kv.blocks_per_seq >= 1 &&
           static_cast<__int128>(B) * kv.blocks_per_seq <= kMaxElements;
+          Why(valid, &why, "block_size, num_blocks or blocks_per_seq");
   for (int64_t b = 0; b < B && valid; ++b)
     valid = static_cast<__int128>(kv.blocks_per_seq) * kv.block_size >= kv_lens[b];
+  Why(valid, &why, "kv_lens past the blocks");
   // The block table: entries [b * blocks_per_seq, + used) the call may read
   // (the blocks used, or for a write the blocks written), the allocation
   // sometimes exactly up to the last of them.
@@ -756,11 +766,13 @@ int FuzzPaged(int fn, Input& in) {
   }
   kv.block_table = in.Byte() > 252 ? nullptr : table.data();
   valid = valid && kv.block_table != nullptr;
+  Why(valid, &why, "NULL block_table");
   for (int64_t b = 0; b < B && valid; ++b)
     for (__int128 n = first_block(b); n < end_block(b) && valid; ++n) {
       const int32_t e = table[static_cast<size_t>(b * bps + n)];
       valid = e >= 0 && e < kv.num_blocks;
     }
+    Why(valid, &why, "a block_table entry");
   // The pools: [num_blocks][Hkv][block_size][L] views (strides block, kv
   // head, slot), in the arena or in separate buffers; V beside K, on it,
   // a few bytes off, anywhere.
@@ -818,8 +830,10 @@ int FuzzPaged(int fn, Input& in) {
   kv.strides[1] = kp.t.strides[2];  // slot
   kv.strides[2] = kp.t.strides[1];  // kv head
   valid = valid && kp.valid_alone && vp.valid_alone;
+  Why(valid, &why, "a pool view");
   const bool kv_null = in.Byte() > 252;
   if (kv_null) valid = false;
+  Why(valid, &why, "NULL kv");
   // q and out (attention) or k_new and v_new (write): token rows [T][n][L].
   const bool rows_uses[3] = {false, true, true};
   const int64_t row_heads = write ? std::max<int64_t>(Hkv, 1) : std::max<int64_t>(s.heads, 1);
@@ -836,16 +850,20 @@ int FuzzPaged(int fn, Input& in) {
                                   Clamp64(std::max<__int128>(max_keys, 1))};
     MakeOptions(in, arena.data(), s.heads, bias_dims, &c, &op);
     valid = valid && op.valid_alone;
+    Why(valid, &why, "options");
   }
   if (rows) {
     if (null_tensor) valid = false;
     valid = valid && a.valid_alone && c.valid_alone;
+    Why(valid, &why, "a NULL or bad token-row view");
     if (write) {
       for (const View* pool : {&kp, &vp})
         valid = valid && !Meets(*pool, a) && !Meets(*pool, c);
+      Why(valid, &why, "a pool meets k_new or v_new");
     } else {
       valid = valid && !OutputAliases(c) && !Meets(c, a) && !Meets(c, kp) && !Meets(c, vp) &&
               !(op.has_bias && Meets(c, op.bias));
+              Why(valid, &why, "out aliases or meets an input");
     }
   }
   // A write's destinations: the elements of each new row's slot (K and V),
@@ -877,6 +895,7 @@ int FuzzPaged(int fn, Input& in) {
     for (const Dest& d : dests) at.push_back(reinterpret_cast<uintptr_t>(d.to));
     std::sort(at.begin(), at.end());
     for (size_t i = 1; i < at.size() && valid; ++i) valid = at[i] - at[i - 1] >= eb_pool;
+    Why(valid, &why, "destinations meet");
   }
   // Calls too large for the arena, or that would attend over too many keys.
   __int128 work = 0;
@@ -890,10 +909,20 @@ int FuzzPaged(int fn, Input& in) {
   const std::vector<uint8_t> before = arena;
   kbuf.before = kbuf.bytes;
   vbuf.before = vbuf.bytes;
-  char what[96];
-  snprintf(what, sizeof(what), "B %lld T %lld block %lld pools %s bias %d", (long long)s.batch,
-           (long long)T, (long long)kv.block_size, separate ? "separate" : "arena", op.has_bias);
+  char what[160];
+  snprintf(what, sizeof(what), "B %lld T %lld block %lld pools %s bias %d (%s)",
+           (long long)s.batch, (long long)T, (long long)kv.block_size,
+           separate ? "separate" : "arena", op.has_bias, why ? why : "valid");
   Verbose(fn, valid, true, what);
+  if (getenv("HEADSUM_FUZZ_VERBOSE")) {
+    fprintf(stderr, "  H %lld Hkv %lld L %lld dtype %d nb %lld bps %lld strides {%lld %lld %lld} k %p v %p\n  q_offsets/kv_lens/table:",
+            (long long)s.heads, (long long)s.kv_heads, (long long)s.head_dim, kp.dtype_int,
+            (long long)kv.num_blocks, (long long)kv.blocks_per_seq, (long long)kv.strides[0],
+            (long long)kv.strides[1], (long long)kv.strides[2], kv.k, kv.v);
+    for (int64_t b = 0; b < B; ++b) fprintf(stderr, " %lld/%lld", (long long)q_offsets[b + 1], (long long)kv_lens[b]);
+    for (int32_t e : table) fprintf(stderr, " %d", e);
+    fprintf(stderr, "\n");
+  }
   const headsum_tensor* ta = null_tensor ? nullptr : &a.t;
   const headsum_status st =
       write ? headsum_paged_kv_write(&s, kv_null ? nullptr : &kv, ta, &c.t)
