@@ -814,8 +814,8 @@ int FuzzPaged(int fn, Input& in) {
   } else if (vmode < 100 && kp.t.data != nullptr) {  // V a few elements or a block part off K
     const int64_t delta = in.Byte() & 1 ? static_cast<int64_t>(in.Byte() % 9) - 4
                                         : Clamp64(static_cast<__int128>(bs) * std::max<int64_t>(kp.t.strides[1], 0));
-    const int64_t at = static_cast<int64_t>(kp.lo) + delta * static_cast<int64_t>(eb_pool);
-    vp.t.data = arena.data() + std::min<int64_t>(std::max<int64_t>(at, 0), kArenaBytes - 1);
+    const __int128 at = kp.lo + static_cast<__int128>(delta) * static_cast<int64_t>(eb_pool);
+    vp.t.data = arena.data() + static_cast<size_t>(std::min<__int128>(std::max<__int128>(at, 0), kArenaBytes - 1));
     Measure(&vp, arena.data(), kArenaBytes, 0);
   } else {
     const uint32_t off = (static_cast<uint32_t>(in.Byte()) << 8 | in.Byte()) % kArenaBytes;
