@@ -18,7 +18,41 @@
 // The harness decides validity on its own (128-bit range arithmetic, an
 // exhaustive search for output indices that meet) and checks refusals leave
 // the arena untouched and valid calls succeed, touch nothing outside the
-// output view, and give finite outputs from finite inputs.
+// output view, and give finite outputs from finite inputs.  The arena's
+// values come from a generator seeded by two input bytes (every value finite
+// in every dtype), so the rest of the input decodes the call.
+//
+// The calls for the models engines run (DESIGN.md "Attention for the models
+// engines run"), validity decided here from its rules:
+//   fn 15 headsum_attention_tensors_ex: fn 12's views plus options (NULL or
+//     fuzzed): window (0, small, huge, negative), softcap (0, positive,
+//     negative, NaN, inf, denormal), ALiBi slopes and sinks (NULL or exact
+//     [H] arrays with finite, NaN or inf entries), a bias view in the arena
+//     (any dtype, 0 strides that broadcast, perturbed strides, misaligned,
+//     sometimes placed on out: a bias meeting out is invalid, headsum.h)
+//     with -inf (rows may see no key: zeros) or inf/NaN poked in.
+//   fn 16 headsum_attention_paged and fn 17 headsum_paged_kv_write: ragged
+//     q_offsets (not from 0, decreasing, INT64_MIN/MAX), kv_lens (negative,
+//     < n_b, past blocks_per_seq * block_size, huge), hostile block_size,
+//     num_blocks and blocks_per_seq, block tables with shared and
+//     out-of-range entries, allocated sometimes exactly up to the last entry
+//     a call may read (ASan sees a read past it: entries past a sequence's
+//     blocks, and for a write those of blocks not written, are never read);
+//     K and V pools in the arena (V on K, a few bytes off, interleaved, apart)
+//     or in exact separate buffers; q/out (k_new/v_new) token rows placed
+//     near the pools.  Pools are inputs of the attention (K and V may alias;
+//     out must meet neither); a write's pools are its outputs: their byte
+//     ranges must not meet k_new or v_new, and no two written elements (K and
+//     V, every head) may share a byte ("destination slots that meet").  A
+//     valid write must change exactly its destinations, to the new rows
+//     converted here (f32 -> f16/bf16 to nearest even).
+// Where the docs are silent the harness follows dispatch/ (said where):
+// with no query rows (T = 0) q and out (k_new, v_new) are not looked at;
+// num_blocks and blocks_per_seq must be >= 1; a paged bias is
+// [B][H][max n_b][max kv_lens] (each at least 1); the batch shape's rules
+// (finite scale, kv_heads dividing heads) hold for a write too.
+// HEADSUM_FUZZ_VERBOSE=1 prints one line per call of fn 15-17 (valid,
+// called, and for 16-17 the first rule broken).
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -707,8 +741,6 @@ int FuzzPaged(int fn, Input& in) {
   static const int64_t kBlockSizes[] = {1, 2, 3, 4, 5, 8, 16, 64};
   const uint8_t bsel = in.Byte();
   kv.block_size = bsel < 220 ? kBlockSizes[bsel % 8] : kHostileBlock[bsel % 8];
-  const uint8_t nsel = in.Byte();
-  kv.num_blocks = nsel < 220 ? 1 + nsel % 12 : kHostileBlock[nsel % 8];
   const int64_t bs = std::max<int64_t>(kv.block_size, 1);
   __int128 need = 0;  // blocks the longest sequence uses
   for (int64_t b = 0; b < B; ++b)
@@ -717,9 +749,9 @@ int FuzzPaged(int fn, Input& in) {
   kv.blocks_per_seq = psel < 200 ? Clamp64(std::max<__int128>(need, 1) + psel % 3)
                       : psel < 225 ? Clamp64(need - 1)
                                    : kHostileBlock[psel % 8];
-  valid = valid && kv.block_size >= 1 && kv.num_blocks >= 1 && kv.blocks_per_seq >= 1 &&
+  valid = valid && kv.block_size >= 1 && kv.blocks_per_seq >= 1 &&
           static_cast<__int128>(B) * kv.blocks_per_seq <= kMaxElements;
-          Why(valid, &why, "block_size, num_blocks or blocks_per_seq");
+          Why(valid, &why, "block_size or blocks_per_seq");
   for (int64_t b = 0; b < B && valid; ++b)
     valid = static_cast<__int128>(kv.blocks_per_seq) * kv.block_size >= kv_lens[b];
   Why(valid, &why, "kv_lens past the blocks");
@@ -751,6 +783,14 @@ int FuzzPaged(int fn, Input& in) {
   }
   std::vector<int32_t> table(static_cast<size_t>(table_n));
   const uint8_t tmode = in.Byte();
+  // Blocks handed out in order (tmode < 128) from a pool with as many
+  // blocks as entries: no two sequences share one, writes rarely meet.
+  const uint8_t nsel = in.Byte();
+  kv.num_blocks = nsel >= 220 ? kHostileBlock[nsel % 8]
+                  : tmode < 128 ? static_cast<int64_t>(table_n) + nsel % 3 - (nsel % 16 == 0)
+                                : 1 + nsel % 12;
+  valid = valid && kv.num_blocks >= 1;
+  Why(valid, &why, "num_blocks");
   const int64_t nb_small = std::min<int64_t>(std::max<int64_t>(kv.num_blocks, 1), INT32_MAX);
   for (size_t i = 0; i < table.size(); ++i) {
     const uint8_t e = in.Byte();
@@ -786,12 +826,12 @@ int FuzzPaged(int fn, Input& in) {
   Space kbuf, vbuf;
   const size_t eb_pool = static_cast<size_t>(ElementBytes(kp.dtype_int));
   const __int128 pool_span = kp.hi - kp.lo + 1;
-  const bool separate = vmode >= 160 && kp.t.data != nullptr && kp.valid_alone &&
+  const bool separate = vmode >= 100 && kp.t.data != nullptr && kp.valid_alone &&
                         pool_span <= (1 << 20);
   if (separate) {  // exact-size buffers (one or two), K and V at small offsets
     const size_t k_off = (in.Byte() % 3) * eb_pool + (in.Byte() > 250 ? 1 : 0);
     size_t v_off = (in.Byte() % 3) * eb_pool;
-    const bool one_buffer = vmode >= 210;
+    const bool one_buffer = vmode >= 190;
     if (one_buffer) {  // V after K, or interleaved a slot's worth of K's heads further
       const __int128 head_part = std::min<__int128>(
           static_cast<__int128>(std::max<int64_t>(kp.t.strides[1], 0)) * eb_pool, pool_span);
