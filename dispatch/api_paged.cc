@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "dispatch/entry.h"
@@ -56,13 +57,15 @@ headsum_status CheckBatchShape(const char* fn, const headsum_batch_shape* shape,
   *max_rows = 0;
   *max_keys = 0;
   for (int64_t b = 0; b < shape->batch; ++b) {
-    const int64_t n = shape->q_offsets[b + 1] - shape->q_offsets[b];
+    // Order first: q_offsets[b] >= 0 holds here (from q_offsets[0] = 0), so
+    // the difference of an ordered pair cannot overflow.
     if (shape->q_offsets[b + 1] < shape->q_offsets[b]) {
       return Fail(HEADSUM_ERR_INVALID_ARGUMENT, fn,
                   "shape->q_offsets[%" PRId64 "] = %" PRId64 " is below q_offsets[%" PRId64
                   "] = %" PRId64 " (they must not decrease)",
                   b + 1, shape->q_offsets[b + 1], b, shape->q_offsets[b]);
     }
+    const int64_t n = shape->q_offsets[b + 1] - shape->q_offsets[b];
     if (shape->kv_lens[b] < 0) {
       return Fail(HEADSUM_ERR_INVALID_ARGUMENT, fn,
                   "shape->kv_lens[%" PRId64 "] = %" PRId64 " must be >= 0", b, shape->kv_lens[b]);
@@ -109,15 +112,20 @@ headsum_status CheckPagedKv(const char* fn, const headsum_paged_kv* kv, PagedBat
                               static_cast<int64_t>(p->batch), kv->blocks_per_seq));
   for (size_t b = 0; b < p->batch; ++b) {
     const int64_t len = p->kv_lens[b];
-    if (len > kv->blocks_per_seq * kv->block_size ||
-        (len + kv->block_size - 1) / kv->block_size > kv->blocks_per_seq) {
+    // The blocks it uses, ceil(len / block_size), without overflow (len >= 0,
+    // block_size >= 1; blocks_per_seq * block_size may pass INT64_MAX).
+    const int64_t used = len / kv->block_size + (len % kv->block_size != 0 ? 1 : 0);
+    if (used > kv->blocks_per_seq) {
       return Fail(HEADSUM_ERR_INVALID_ARGUMENT, fn,
                   "kv_lens[%zu] = %" PRId64 " keys do not fit blocks_per_seq = %" PRId64
                   " blocks of block_size = %" PRId64,
                   b, len, kv->blocks_per_seq, kv->block_size);
     }
-    const int64_t used = (len + kv->block_size - 1) / kv->block_size;
-    const int64_t first_written = len - (p->q_offsets[b + 1] - p->q_offsets[b]);
+    const int64_t n_rows = p->q_offsets[b + 1] - p->q_offsets[b];
+    // A sequence that writes no row writes no block: none of its entries is
+    // read (len / block_size would be its partly filled last block).
+    if (written_only && n_rows == 0) continue;
+    const int64_t first_written = len - n_rows;
     for (int64_t n = written_only ? first_written / kv->block_size : 0; n < used; ++n) {
       const int32_t e = kv->block_table[static_cast<int64_t>(b) * kv->blocks_per_seq + n];
       if (e < 0 || e >= kv->num_blocks) {
@@ -135,7 +143,8 @@ headsum_status CheckPagedKv(const char* fn, const headsum_paged_kv* kv, PagedBat
   for (int i = 0; i < 2; ++i) {
     headsum_tensor t;
     t.data = i == 0 ? kv->k : kv->v;
-    t.dtype = kv->dtype;
+    // The field may hold any int (CheckTensor reads it as one): no enum load.
+    memcpy(&t.dtype, &kv->dtype, sizeof(t.dtype));
     t.strides[0] = kv->strides[0];
     t.strides[1] = kv->strides[2];
     t.strides[2] = kv->strides[1];
@@ -243,6 +252,41 @@ headsum_status headsum_paged_kv_write(const headsum_batch_shape* shape,
                         " of block %" PRIu64 " (destination slots must not meet)",
                         slots[i - 1].second, slots[i].second, slots[i].first % p.block_rows,
                         slots[i].first / p.block_rows);
+          }
+        }
+        // Nor may two written rows (each kv head's L elements, in K and in V)
+        // meet in memory: K and V pools that alias, or strides under which
+        // distinct slots or heads share bytes, would leave whichever row was
+        // written last.
+        struct Written { uintptr_t lo, hi; uint64_t row; int pool; };  // bytes [lo, hi)
+        thread_local std::vector<Written> rows_written;
+        rows_written.clear();
+        const uint64_t bytes = DTypeBytes(p.k.dtype);
+        for (const auto& slot : slots) {
+          const uint64_t block = slot.first / p.block_rows, s = slot.first % p.block_rows;
+          for (int i = 0; i < 2; ++i) {
+            const uintptr_t base = reinterpret_cast<uintptr_t>(i == 0 ? kv->k : kv->v);
+            for (size_t g = 0; g < p.kv_heads; ++g) {
+              const uint64_t at = (block * static_cast<uint64_t>(kv->strides[0]) +
+                                   s * static_cast<uint64_t>(kv->strides[1]) +
+                                   g * static_cast<uint64_t>(kv->strides[2])) * bytes;
+              rows_written.push_back({base + at, base + at + p.head_dim * bytes, slot.second, i});
+            }
+          }
+        }
+        std::sort(rows_written.begin(), rows_written.end(),
+                  [](const Written& x, const Written& y) { return x.lo < y.lo; });
+        for (size_t i = 1; i < rows_written.size(); ++i) {
+          const Written& x = rows_written[i - 1];
+          const Written& y = rows_written[i];
+          if (y.lo < x.hi) {
+            return Fail(HEADSUM_ERR_INVALID_ARGUMENT, fn,
+                        "new row %" PRIu64 " of %s and new row %" PRIu64
+                        " of %s would be written to bytes that meet (destination slots must "
+                        "not meet: kv->k and kv->v alias, or the strides {%" PRId64 ", %" PRId64
+                        ", %" PRId64 "} make slots or heads share memory)",
+                        x.row, x.pool == 0 ? "K" : "V", y.row, y.pool == 0 ? "K" : "V",
+                        kv->strides[0], kv->strides[1], kv->strides[2]);
           }
         }
         return HEADSUM_OK;

@@ -448,6 +448,22 @@ TEST(PagedAttentionInvalid, EveryRuleIsNamedAndNothingIsWritten) {
     r.kv.strides[1] = -1;
     rules.push_back(r);
   }
+  {
+    // q_offsets[2] - q_offsets[1] overflows int64: refused for the order
+    // without computing it (UBSan flagged the difference; the fuzz harness).
+    static const int64_t wrapping[3] = {0, 1, INT64_MIN};
+    Rule r{"q_offsets decreasing to INT64_MIN", good, good_kv, "q_offsets[2]"};
+    r.shape.q_offsets = wrapping;
+    rules.push_back(r);
+  }
+  {
+    // Any int in the field (a C caller can store one), read without an enum
+    // load (UBSan's -fsanitize=enum flagged kv->dtype copied as the enum).
+    Rule r{"pool dtype unknown", good, good_kv, "kv->k->dtype = 7"};
+    const int seven = 7;
+    memcpy(&r.kv.dtype, &seven, sizeof(int));
+    rules.push_back(r);
+  }
   for (const Rule& r : rules) {
     SCOPED_TRACE(r.what);
     EXPECT_EQ(headsum_attention_paged(&r.shape, nullptr, &tq, &r.kv, &to),
@@ -491,6 +507,43 @@ TEST(PagedAttentionInvalid, EveryRuleIsNamedAndNothingIsWritten) {
   in_pool.data = p.k_pool.base();
   EXPECT_EQ(headsum_paged_kv_write(&good, &good_kv, &in_pool, &tkn), HEADSUM_ERR_INVALID_ARGUMENT);
   EXPECT_TRUE(p.k_pool.bytes == k_before);
+  // K and V pools on one memory, or a slot stride of 0 (two slots of a
+  // block on the same bytes): the destinations meet (the fuzz harness found
+  // both written, whichever last).
+  for (int alias = 0; alias < 2; ++alias) {
+    headsum_paged_kv kv = good_kv;
+    if (alias == 0) {
+      kv.v = kv.k;
+    } else {
+      kv.strides[1] = 0;
+    }
+    EXPECT_EQ(headsum_paged_kv_write(&good, &kv, &tkn, &tkn), HEADSUM_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(headsum_last_error()).find("meet"), std::string::npos)
+        << headsum_last_error();
+    EXPECT_TRUE(p.k_pool.bytes == k_before);
+  }
+  // Blocks of INT64_MAX slots (a slot stride of 0 keeps the pool
+  // addressable): blocks_per_seq * block_size passes INT64_MAX, every
+  // sequence uses one block, and the call is valid.
+  {
+    headsum_paged_kv kv = good_kv;
+    kv.block_size = INT64_MAX;
+    kv.strides[1] = 0;
+    EXPECT_EQ(headsum_attention_paged(&good, nullptr, &tq, &kv, &to), HEADSUM_OK)
+        << headsum_last_error();
+    out.bytes = out_before;
+  }
+  // A write checks the entries of the blocks written only: sequence 1 (6
+  // keys, its second block partly filled) writes no row, so its bad entry
+  // table[1][1] is neither read nor refused (the fuzz harness found it read).
+  {
+    static const int64_t one_row[3] = {0, 1, 1};
+    headsum_batch_shape shape = good;
+    shape.q_offsets = one_row;
+    headsum_paged_kv kv = good_kv;
+    kv.block_table = bad_table.data();
+    EXPECT_EQ(headsum_paged_kv_write(&shape, &kv, &tkn, &tkn), HEADSUM_OK) << headsum_last_error();
+  }
 }
 
 }  // namespace
