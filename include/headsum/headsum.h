@@ -49,7 +49,7 @@ const char* headsum_version(void);
 const char* headsum_last_error(void);
 /* Name of the target in force: a native bf16 path ("AMX_BF16",
  * "AVX512_BF16", "NEON_BF16": bf16 calls run on it, every other call on the
- * best Highway target) or a Highway target ("AVX3_DL", "AVX3", "AVX2",
+ * best Highway target) or a Highway target ("AVX3", "AVX2",
  * "SSE4", "SSSE3", "NEON", "SVE", "SVE2", "SVE_256", "SVE2_128", "SCALAR",
  * "EMU128"). */
 const char* headsum_active_target(void);
