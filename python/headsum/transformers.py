@@ -74,7 +74,7 @@ def mask(*args, dtype: torch.dtype = torch.float32, **kwargs) -> Optional[torch.
         return m
     if m.dim() == 4 and m.shape[2] > 1 and m.stride(2) == 0:
         m = m[:, :, :1]
-    if dtype not in _DTYPES:
+    if not dtype.is_floating_point:
         dtype = torch.float32
     return torch.zeros(m.shape, dtype=dtype, device=m.device).masked_fill_(m.logical_not(), -math.inf)
 
@@ -103,7 +103,7 @@ def _unsupported(module, query, key, value, attention_mask, dropout, kwargs) -> 
 _warned = set()
 
 
-def _fallback(reason, module, query, key, value, attention_mask, dropout, scaling, softcap, s_aux, kwargs):
+def _fallback(reason, module, query, key, value, attention_mask, dropout, scaling, is_causal, softcap, s_aux, kwargs):
     """transformers' own answer: the model's eager function where the layer
     needs what sdpa lacks (softcap, sinks, the weights), else sdpa's."""
     needs_eager = softcap is not None or s_aux is not None or kwargs.get("output_attentions")
@@ -116,16 +116,30 @@ def _fallback(reason, module, query, key, value, attention_mask, dropout, scalin
             f"{'eager' if use_eager else 'sdpa'} attention instead (warned once)."
         )
     if use_eager:
-        if attention_mask is not None and attention_mask.dtype != torch.bool:
+        if is_causal is None:
+            is_causal = getattr(module, "is_causal", True)
+        Sq, Skv = query.shape[2], key.shape[2]
+        if attention_mask is None and is_causal and Sq > 1:
+            # eager reads causality from the mask alone; sdpa_mask left it
+            # to is_causal (torch's top-left), so build that mask.
+            seen = torch.ones((Sq, Skv), dtype=torch.bool, device=query.device).tril()
+            attention_mask = seen[None, None]
+        if attention_mask is not None and attention_mask.dtype == torch.bool:
+            attention_mask = torch.zeros(attention_mask.shape, dtype=query.dtype, device=query.device).masked_fill_(
+                attention_mask.logical_not(), torch.finfo(query.dtype).min
+            )
+        elif attention_mask is not None:
             # eager adds the mask to the scores: -inf on a row with no key
             # would give NaN where sdpa and headsum give 0, so clamp as
             # transformers' eager_mask does (finfo.min).
-            attention_mask = attention_mask.clamp(min=torch.finfo(query.dtype).min).to(query.dtype)
+            attention_mask = attention_mask.to(query.dtype).clamp(min=torch.finfo(query.dtype).min)
         extra = {"softcap": softcap} if softcap is not None else {}
         if s_aux is not None:
             extra["s_aux"] = s_aux
         return eager(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **extra, **kwargs)
-    return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+    return sdpa_attention_forward(
+        module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
+    )
 
 
 def attention_forward(
@@ -153,11 +167,10 @@ def attention_forward(
     out = None
     if reason is None:
         B, H, Sq, L = query.shape
-        if is_causal is None:
-            is_causal = getattr(module, "is_causal", True)
         # As sdpa_attention_forward: a mask replaces is_causal, and a single
         # query row is never causal.
-        causal = bool(is_causal) and Sq > 1 and attention_mask is None
+        causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+        causal = bool(causal) and Sq > 1 and attention_mask is None
         if attention_mask is not None and attention_mask.dtype == torch.bool:
             # A boolean 4-D mask from elsewhere (a user's, a cached one).
             attention_mask = torch.zeros(attention_mask.shape, dtype=query.dtype).masked_fill_(
@@ -179,7 +192,10 @@ def attention_forward(
         if done is None:
             reason = "a mask headsum cannot read (shape or dtype)"
     if reason is not None:
-        return _fallback(reason, module, query, key, value, attention_mask, dropout, scaling, softcap, s_aux, kwargs)
+        kwargs["sliding_window"] = sliding_window
+        return _fallback(
+            reason, module, query, key, value, attention_mask, dropout, scaling, is_causal, softcap, s_aux, kwargs
+        )
     return out, None
 
 

@@ -277,10 +277,42 @@ def transformers_or_skip():
         pytest.skip("transformers is not installed (pip install headsum[transformers])")
 
 
+def call_reference(module, query, key, value, attention_mask, scaling, is_causal, softcap, s_aux):
+    """A transformers attention call in float64 (reference.attention_ref) and
+    its float32 bound: the mask as transformers' sdpa_mask builds it (True or
+    0 attend, -inf removes), or None with is_causal (the module's when not
+    given, never for one query row): torch's top-left causal."""
+    B, H, Sq, L = query.shape
+    Skv = key.shape[2]
+    causal = (is_causal if is_causal is not None else getattr(module, "is_causal", True)) and Sq > 1
+    bias = None
+    if attention_mask is not None:
+        m = attention_mask
+        bias = np.where(m.numpy(), 0.0, -np.inf) if m.dtype == torch.bool else f64(m)
+    elif causal:
+        bias = top_left(Sq, Skv)
+    scale = float(np.float32(scaling)) if scaling is not None else 1.0 / math.sqrt(L)
+    return attention_ref(
+        f64(query), f64(key), f64(value), False, scale, softcap=softcap or 0.0,
+        sinks=None if s_aux is None else f64(s_aux), bias=bias,
+        p_rounded=native_rounds_p(query, key, value),
+    )
+
+
+def reference_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
+                      sliding_window=None, softcap=None, s_aux=None, **kwargs):
+    """ "reference64": a float64 model's attention, each call in float64 by
+    reference.py (no headsum; eager in float64 gives NaN on left-padded
+    rows, where transformers' finfo.min mask overflows)."""
+    o, _ = call_reference(module, query, key, value, attention_mask, scaling, is_causal, softcap, s_aux)
+    return torch.from_numpy(np.ascontiguousarray(o.transpose(0, 2, 1, 3))).to(query.dtype), None
+
+
 @pytest.fixture
 def checked(monkeypatch):
     """Registers "headsum_checked": headsum's attention, every call checked
-    against the float64 reference of that call, no fallback allowed."""
+    against the float64 reference of that call, no fallback allowed; and
+    "reference64" (reference_forward)."""
     transformers_or_skip()
     calls = []
 
@@ -295,34 +327,24 @@ def checked(monkeypatch):
                                              is_causal, sliding_window, softcap, s_aux, **kwargs)
         assert weights is None
         B, H, Sq, L = query.shape
-        Skv = key.shape[2]
-        causal = (is_causal if is_causal is not None else getattr(module, "is_causal", True)) and Sq > 1
-        bias = None
-        if attention_mask is not None:
-            m = attention_mask
-            bias = np.where(m.numpy(), 0.0, -np.inf) if m.dtype == torch.bool else f64(m)
-        elif causal:
-            bias = top_left(Sq, Skv)
-        scale = float(np.float32(scaling)) if scaling is not None else 1.0 / math.sqrt(L)
-        o_ref, bound = attention_ref(
-            f64(query), f64(key), f64(value), False, scale, softcap=softcap or 0.0,
-            sinks=None if s_aux is None else f64(s_aux), bias=bias,
-            p_rounded=native_rounds_p(query, key, value),
-        )
+        o_ref, bound = call_reference(module, query, key, value, attention_mask, scaling, is_causal, softcap, s_aux)
         assert tuple(out.shape) == (B, Sq, H, L)
         assert_within(out.transpose(1, 2), o_ref, bound, f"{type(module).__name__} attention")
-        calls.append((H, key.shape[1], Sq, Skv, attention_mask is not None, softcap, s_aux is not None))
+        calls.append((H, key.shape[1], Sq, key.shape[2], attention_mask is not None, softcap, s_aux is not None))
         return out, None
 
     transformers.AttentionInterface.register("headsum_checked", forward)
     transformers.masking_utils.AttentionMaskInterface.register("headsum_checked", htf.mask)
+    transformers.AttentionInterface.register("reference64", reference_forward)
+    transformers.masking_utils.AttentionMaskInterface.register("reference64", transformers.masking_utils.sdpa_mask)
     return calls
 
 
 def assert_near_eager(got, eager32, eager64, what):
-    """got (headsum in float32) against eager's float64 answer on the same
-    weights, within 4 times eager's own float32 error there plus 16 eps of
-    the answer's magnitude (whole-model outputs have no derived bound)."""
+    """got (headsum in float32) against the float64 answer on the same
+    weights (the model in float64 with "reference64" attention), within 4
+    times eager's own float32 error there plus 16 eps of the answer's
+    magnitude (whole-model outputs have no derived bound)."""
     got, e32, e64 = (t.detach().to(torch.float64) for t in (got, eager32, eager64))
     own = (e32 - e64).abs().max().item()
     err = (got - e64).abs().max().item()
@@ -367,7 +389,7 @@ def test_minilm_embeddings_match_eager(checked, monkeypatch):
     for sentences in (MINILM_SENTENCES[:1], MINILM_SENTENCES):  # batch 1, padded batch
         batch = tok(sentences, padding=True, return_tensors="pt")
         eager = run_as(model, "eager", lambda m: embed(m, batch))
-        eager64 = run_as(model64, "eager", lambda m: embed(m, batch))
+        eager64 = run_as(model64, "reference64", lambda m: embed(m, batch))
         ours = run_as(model, "headsum_checked", lambda m: embed(m, batch))
         assert_near_eager(ours, eager, eager64, f"MiniLM embeddings, batch {len(sentences)}")
         plain = run_as(model, "headsum", lambda m: embed(m, batch))
@@ -393,8 +415,10 @@ def tiny(family):
         if not hasattr(T, "GptOssConfig"):
             pytest.skip("this transformers has no gpt-oss")
         cfg = dict(common, head_dim=16, intermediate_size=32)
-        return T.GptOssConfig(**cfg, num_local_experts=4, num_experts_per_tok=2, sliding_window=8,
-                              layer_types=["sliding_attention", "full_attention"]), T.GptOssForCausalLM
+        config = T.GptOssConfig(**cfg, num_local_experts=4, num_experts_per_tok=2, sliding_window=8,
+                                layer_types=["sliding_attention", "full_attention"])
+        config._experts_implementation = "eager"  # grouped_mm takes no float64 (the reference model)
+        return config, T.GptOssForCausalLM
     raise ValueError(family)
 
 
@@ -415,7 +439,7 @@ def test_decoder_logits_and_greedy_tokens_match_eager(family, checked):
     ids[1, :4] = config.pad_token_id
     for batch in ({"input_ids": ids[:1]}, {"input_ids": ids, "attention_mask": attention_mask}):
         eager = run_as(model, "eager", lambda m: m(**batch).logits)
-        eager64 = run_as(model64, "eager", lambda m: m(**batch).logits)
+        eager64 = run_as(model64, "reference64", lambda m: m(**batch).logits)
         ours = run_as(model, "headsum_checked", lambda m: m(**batch).logits)
         keep = batch.get("attention_mask", torch.ones_like(batch["input_ids"])).bool()
         assert_near_eager(ours[keep], eager[keep], eager64[keep], f"{family} logits")
@@ -448,7 +472,7 @@ def test_bert_padding_matches_eager(checked):
     batch = {"input_ids": ids, "attention_mask": attention_mask}
     keep = attention_mask.bool()
     eager = run_as(model, "eager", lambda m: m(**batch).last_hidden_state)
-    eager64 = run_as(model64, "eager", lambda m: m(**batch).last_hidden_state)
+    eager64 = run_as(model64, "reference64", lambda m: m(**batch).last_hidden_state)
     ours = run_as(model, "headsum_checked", lambda m: m(**batch).last_hidden_state)
     assert_near_eager(ours[keep], eager[keep], eager64[keep], "BERT hidden states")
     assert all(c[4] for c in checked)  # the padding mask reached every layer
@@ -486,3 +510,31 @@ def test_transformers_fallbacks_warn_once_and_match():
     assert torch.equal(got64, want64)
     assert any("dtype" in r for r in htf._warned)
 
+
+
+def test_transformers_sdpa_fallback_and_output_attentions():
+    transformers_or_skip()
+    config, cls = tiny("llama")
+    torch.manual_seed(20)
+    model = cls(config).eval()
+    ids = torch.randint(2, config.vocab_size, (2, 10), generator=torch.Generator().manual_seed(21))
+    htf._warned.clear()
+    # Grad mode on: transformers' sdpa path, the same call as "sdpa".
+    want = run_as(model, "sdpa", lambda m: m(input_ids=ids).logits)
+    model.set_attn_implementation("headsum")
+    assert torch.equal(model(input_ids=ids).logits, want)
+    # output_attentions: the model's eager function, which has the weights.
+    eager = run_as(model, "eager", lambda m: m(input_ids=ids, output_attentions=True))
+    ours = run_as(model, "headsum", lambda m: m(input_ids=ids, output_attentions=True))
+    assert torch.equal(ours.logits, eager.logits)
+    assert ours.attentions is not None and all(torch.equal(a, b) for a, b in zip(ours.attentions, eager.attentions))
+    # Dropout while training.
+    for layer in model.model.layers:
+        layer.self_attn.attention_dropout = 0.5
+    model.train()
+    torch.manual_seed(22)
+    want = run_as(model, "sdpa", lambda m: m(input_ids=ids).logits)
+    torch.manual_seed(22)
+    got = run_as(model, "headsum", lambda m: m(input_ids=ids).logits)
+    assert torch.equal(got, want)
+    assert {"dropout > 0 while training", "output_attentions (headsum never forms the attention weights)"} <= htf._warned
