@@ -72,8 +72,8 @@ def mask(*args, dtype: torch.dtype = torch.float32, **kwargs) -> Optional[torch.
     m = sdpa_mask(*args, dtype=dtype, **kwargs)
     if m is None or m.dtype != torch.bool:
         return m
-    if m.dim() == 4 and m.shape[2] > 1 and m.stride(2) == 0:
-        m = m[:, :, :1]
+    if m.dim() == 4 and m.shape[2] > 1 and (m.stride(2) == 0 or torch.equal(m, m[:, :, :1].expand(m.shape))):
+        m = m[:, :, :1]  # every row alike (a padding mask): one row, broadcast
     if not dtype.is_floating_point:
         dtype = torch.float32
     return torch.zeros(m.shape, dtype=dtype, device=m.device).masked_fill_(m.logical_not(), -math.inf)

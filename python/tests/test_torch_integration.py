@@ -538,3 +538,17 @@ def test_transformers_sdpa_fallback_and_output_attentions():
     got = run_as(model, "headsum", lambda m: m(input_ids=ids).logits)
     assert torch.equal(got, want)
     assert {"dropout > 0 while training", "output_attentions (headsum never forms the attention weights)"} <= htf._warned
+
+
+def test_transformers_backend_example(capsys, monkeypatch):
+    transformers_or_skip()
+    minilm_or_skip()
+    import pathlib
+    import runpy
+    import sys
+
+    example = pathlib.Path(__file__).resolve().parents[2] / "examples" / "python" / "transformers_backend.py"
+    monkeypatch.setattr(sys, "argv", [str(example)])
+    runpy.run_path(str(example), run_name="__main__")  # asserts the agreement itself
+    printed = capsys.readouterr().out
+    assert "transformers sdpa:" in printed and "headsum:" in printed and "min cosine" in printed
