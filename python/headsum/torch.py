@@ -88,22 +88,23 @@ def _native(q, k, v, attn_mask, is_causal, scale, enable_gqa, out=None, softcap=
     headsum maps exactly (the caller then runs torch's).  softcap and sinks
     (headsum.attention's) are for headsum.transformers; torch's SDPA has
     neither."""
-    squeeze = q.dim() == 3 and k.dim() == 3 and v.dim() == 3 and out is None
+    # Cheap checks first: a decode step's whole call is ~15 us.
+    squeeze = out is None and q.dim() == 3 and k.dim() == 3 and v.dim() == 3
     if squeeze:
         q, k, v = q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0)
-    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+    dtype = q.dtype
+    if dtype not in _DTYPES or k.dtype != dtype or v.dtype != dtype:
         return None
-    if q.dtype not in _DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
-        return None
-    if q.device.type != "cpu" or k.device.type != "cpu" or v.device.type != "cpu":
+    if not (q.is_cpu and k.is_cpu and v.is_cpu) or q.dim() != 4 or k.dim() != 4:
         return None
     if scale is not None and (scale == 0.0 or not math.isfinite(scale)):
         return None
     B, H, Sq, L = q.shape
-    Bk, Hkv, Skv, Lk = k.shape
-    if tuple(v.shape) != tuple(k.shape) or Lk != L or min(B, H, Sq, L, Skv) == 0:
+    kshape = k.shape
+    Bk, Hkv, Skv, Lk = kshape
+    if v.shape != kshape or Lk != L or not (B and H and Sq and L and Skv):
         return None
-    if not _heads_ok(H, Hkv, enable_gqa):
+    if H != Hkv and not _heads_ok(H, Hkv, enable_gqa):
         return None
     if Bk != B:
         if Bk != 1:
@@ -111,24 +112,37 @@ def _native(q, k, v, attn_mask, is_causal, scale, enable_gqa, out=None, softcap=
         k, v = k.expand(B, Hkv, Skv, L), v.expand(B, Hkv, Skv, L)
     # DLPack refuses tensors that require grad; the public function has
     # already refused them with grad mode on, and the op has no autograd.
-    q, k, v = q.detach(), k.detach(), v.detach()
-    opts = {"scale": scale, "softcap": softcap, "sinks": sinks}
+    if q.requires_grad or k.requires_grad or v.requires_grad:
+        q, k, v = q.detach(), k.detach(), v.detach()
+    opts = {}  # only what is set: each keyword costs the binding a parse
+    if scale is not None:
+        opts["scale"] = scale
+    if softcap:
+        opts["softcap"] = softcap
+    if sinks is not None:
+        opts["sinks"] = sinks
+    if out is not None:
+        opts["out"] = out
     if attn_mask is not None:
         if is_causal:
             return None  # torch raises: an explicit mask with is_causal
         bias = _bias(attn_mask.detach(), q, B, H, Sq, Skv)
         if bias is None:
             return None
-        o = _headsum.attention(q, k, v, bias=bias, out=out, **opts)
-    elif not is_causal or Sq == Skv:
-        o = _headsum.attention(q, k, v, causal=is_causal, out=out, **opts)
+        o = _headsum.attention(q, k, v, bias=bias, **opts)
+    elif not is_causal:
+        o = _headsum.attention(q, k, v, **opts)
+    elif Sq == Skv:
+        o = _headsum.attention(q, k, v, causal=True, **opts)
     elif Sq < Skv:
         # Top-left: no query sees a key past Sq - 1.
-        o = _headsum.attention(q, k[:, :, :Sq], v[:, :, :Sq], causal=True, out=out, **opts)
+        o = _headsum.attention(q, k[:, :, :Sq], v[:, :, :Sq], causal=True, **opts)
     else:
         # Top-left with Sq > Skv: the first Skv rows are the square causal
         # call, the rest see every key.
-        o = torch.empty((B, H, Sq, L), dtype=q.dtype) if out is None else out
+        o = opts.pop("out", None)
+        if o is None:
+            o = torch.empty((B, H, Sq, L), dtype=q.dtype)
         _headsum.attention(q[:, :, :Skv], k, v, causal=True, out=o[:, :, :Skv], **opts)
         _headsum.attention(q[:, :, Skv:], k, v, causal=False, out=o[:, :, Skv:], **opts)
     return o.squeeze(0) if squeeze else o
@@ -170,8 +184,9 @@ def _sdpa_fake(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=
     return q.new_empty((*lead, q.shape[-2], v.shape[-1]))
 
 
-def _requires_grad(*tensors) -> bool:
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+def _requires_grad(q, k, v, attn_mask) -> bool:
+    return (q.requires_grad or k.requires_grad or v.requires_grad or (
+        attn_mask is not None and attn_mask.requires_grad)) and torch.is_grad_enabled()
 
 
 def scaled_dot_product_attention(
