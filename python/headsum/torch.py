@@ -148,9 +148,14 @@ def _native(q, k, v, attn_mask, is_causal, scale, enable_gqa, out=None, softcap=
     return o.squeeze(0) if squeeze else o
 
 
-def _sdpa(q, k, v, attn_mask, is_causal, scale, enable_gqa):
-    o = _native(q, k, v, attn_mask, is_causal, scale, enable_gqa)
+def _sdpa(q, k, v, attn_mask, is_causal, scale, enable_gqa, softcap=0.0, sinks=None):
+    o = _native(q, k, v, attn_mask, is_causal, scale, enable_gqa, softcap=softcap, sinks=sinks)
     if o is None:
+        if softcap or sinks is not None:  # torch's function has neither
+            raise RuntimeError(
+                "headsum::sdpa: softcap or sinks on a call headsum cannot serve (dtype, device or shapes); "
+                "torch's scaled_dot_product_attention has neither"
+            )
         o = torch.nn.functional.scaled_dot_product_attention(
             q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa
         )
@@ -166,12 +171,16 @@ def _sdpa_op(
     is_causal: bool = False,
     scale: Optional[float] = None,
     enable_gqa: bool = False,
+    softcap: float = 0.0,
+    sinks: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    return _sdpa(q, k, v, attn_mask, is_causal, scale, enable_gqa)
+    """torch's SDPA arguments, then headsum's softcap and sinks [H] (what
+    headsum.transformers passes for Gemma 2 and gpt-oss under torch.compile)."""
+    return _sdpa(q, k, v, attn_mask, is_causal, scale, enable_gqa, softcap, sinks)
 
 
 @_sdpa_op.register_fake
-def _sdpa_fake(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=False):
+def _sdpa_fake(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=False, softcap=0.0, sinks=None):
     # [*batch, Sq, Ev]: the leading dims broadcast as torch's do, except the
     # head dim under GQA, which is q's.
     lead = list(q.shape[:-2])

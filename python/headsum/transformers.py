@@ -72,7 +72,9 @@ def mask(*args, dtype: torch.dtype = torch.float32, **kwargs) -> Optional[torch.
     m = sdpa_mask(*args, dtype=dtype, **kwargs)
     if m is None or m.dtype != torch.bool:
         return m
-    if m.dim() == 4 and m.shape[2] > 1 and (m.stride(2) == 0 or torch.equal(m, m[:, :, :1].expand(m.shape))):
+    if m.dim() == 4 and m.shape[2] > 1 and (
+        m.stride(2) == 0 or (not torch.compiler.is_compiling() and torch.equal(m, m[:, :, :1].expand(m.shape)))
+    ):
         m = m[:, :, :1]  # every row alike (a padding mask): one row, broadcast
     if not dtype.is_floating_point:
         dtype = torch.float32
@@ -176,6 +178,14 @@ def attention_forward(
             attention_mask = torch.zeros(attention_mask.shape, dtype=query.dtype).masked_fill_(
                 attention_mask.logical_not(), -math.inf
             )
+        if torch.compiler.is_compiling():
+            # One node of the graph: the custom op (it cannot write into a
+            # view, so the [B][S][H][L] copy is the graph's).
+            o = torch.ops.headsum.sdpa(
+                query, key, value, attention_mask, causal, scaling, True, softcap or 0.0,
+                None if s_aux is None else s_aux.detach(),
+            )
+            return o.transpose(1, 2).contiguous(), None
         out = torch.empty((B, Sq, H, L), dtype=query.dtype)
         done = _headsum_torch._native(
             query,

@@ -556,3 +556,34 @@ def test_transformers_backend_example(capsys, monkeypatch):
     runpy.run_path(str(example), run_name="__main__")  # asserts the agreement itself
     printed = capsys.readouterr().out
     assert "transformers sdpa:" in printed and "headsum:" in printed and "min cosine" in printed
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2"])
+def test_transformers_model_compiles_with_headsum_in_the_graph(family):
+    """torch.compile of a model on "headsum": one graph (no break), each
+    layer's attention the custom op headsum::sdpa, the logits those of the
+    uncompiled model on headsum.  The backend runs the captured graph as
+    it is (inductor's C++ build of a whole model is minutes on 2 cores;
+    inductor around the op is tested above)."""
+    transformers_or_skip()
+    config, cls = tiny(family)
+    torch.manual_seed(23)
+    model = cls(config).eval()
+    ids = torch.randint(2, config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(24))
+    attention_mask = torch.ones_like(ids)
+    attention_mask[1, :3] = 0
+    want = run_as(model, "headsum", lambda m: m(input_ids=ids, attention_mask=attention_mask).logits)
+    graphs = []
+
+    def recording(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=recording, fullgraph=True)
+    with torch.no_grad():
+        got = compiled(input_ids=ids, attention_mask=attention_mask).logits
+    torch._dynamo.reset()
+    ops = [n for gm in graphs for n in gm.graph.nodes if n.op == "call_function" and "headsum" in str(n.target)]
+    assert len(graphs) == 1 and len(ops) == config.num_hidden_layers
+    assert torch.equal(got, want)
