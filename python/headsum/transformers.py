@@ -50,6 +50,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from transformers.utils import logging
 
+from . import _headsum
 from . import torch as _headsum_torch
 
 __all__ = ["NAME", "attention_forward", "mask"]
@@ -82,19 +83,21 @@ def mask(*args, dtype: torch.dtype = torch.float32, **kwargs) -> Optional[torch.
 
 
 def _unsupported(module, query, key, value, attention_mask, dropout, kwargs) -> Optional[str]:
-    """Why headsum cannot compute this call exactly, or None."""
+    """Why headsum cannot compute this call exactly, or None.  Cheap checks
+    first: a small model's call is tens of microseconds."""
+    dtype = query.dtype
+    if dtype not in _DTYPES or key.dtype != dtype or value.dtype != dtype:
+        return f"dtype {dtype} (headsum takes float32, float16, bfloat16)"
+    if not (query.is_cpu and key.is_cpu and value.is_cpu):
+        return f"device {query.device.type}"
+    if (query.requires_grad or key.requires_grad or value.requires_grad) and torch.is_grad_enabled():
+        return "a tensor requires grad (headsum has no backward; run under torch.no_grad() or torch.inference_mode())"
     if dropout and dropout > 0 and module.training:
         return "dropout > 0 while training"
-    if torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad):
-        return "a tensor requires grad (headsum has no backward; run under torch.no_grad() or torch.inference_mode())"
-    if kwargs.get("output_attentions"):
-        return "output_attentions (headsum never forms the attention weights)"
-    if kwargs.get("position_bias") is not None:
+    if kwargs and (kwargs.get("output_attentions") or kwargs.get("position_bias") is not None):
+        if kwargs.get("output_attentions"):
+            return "output_attentions (headsum never forms the attention weights)"
         return "position_bias"
-    if query.dtype not in _DTYPES or key.dtype != query.dtype or value.dtype != query.dtype:
-        return f"dtype {query.dtype} (headsum takes float32, float16, bfloat16)"
-    if query.device.type != "cpu" or key.device.type != "cpu" or value.device.type != "cpu":
-        return f"device {query.device.type}"
     if query.dim() != 4 or key.dim() != 4 or value.shape != key.shape or value.shape[-1] != query.shape[-1]:
         return "query, key and value shapes (value's head dim must be the query's)"
     if attention_mask is not None and not isinstance(attention_mask, torch.Tensor):
@@ -144,6 +147,38 @@ def _fallback(reason, module, query, key, value, attention_mask, dropout, scalin
     )
 
 
+def _direct(query, key, value, attention_mask, causal, scaling, softcap, sinks, out):
+    """The calls transformers makes most (its own mask from mask(), or none
+    with causal at Sq == Skv or not causal), straight to headsum.attention
+    with no further checks; False for the rest (headsum.torch's mapping)."""
+    Skv = key.shape[2]
+    if attention_mask is not None:
+        m = attention_mask
+        if m.dtype != query.dtype or m.dim() != 4 or m.shape[1] != 1 or m.shape[3] != Skv or m.stride(3) != 1:
+            return False
+        if m.shape[0] != query.shape[0] or m.shape[2] not in (1, query.shape[2]):
+            return False
+    elif causal and query.shape[2] != Skv:
+        return False
+    if query.shape[1] % key.shape[1]:
+        return False
+    opts = {}
+    if scaling is not None:
+        if scaling == 0.0 or not math.isfinite(scaling):
+            return False
+        opts["scale"] = scaling
+    if softcap:
+        opts["softcap"] = softcap
+    if sinks is not None:
+        opts["sinks"] = sinks
+    if attention_mask is not None:
+        opts["bias"] = attention_mask
+    elif causal:
+        opts["causal"] = True
+    _headsum.attention(query, key, value, out=out.transpose(1, 2), **opts)
+    return True
+
+
 def attention_forward(
     module: torch.nn.Module,
     query: torch.Tensor,
@@ -166,7 +201,6 @@ def attention_forward(
         reason = f"softcap {softcap}"
     if reason is None and s_aux is not None and (s_aux.dim() != 1 or s_aux.shape[0] != query.shape[1]):
         reason = f"s_aux of shape {tuple(s_aux.shape)} (one sink per query head)"
-    out = None
     if reason is None:
         B, H, Sq, L = query.shape
         # As sdpa_attention_forward: a mask replaces is_causal, and a single
@@ -178,29 +212,26 @@ def attention_forward(
             attention_mask = torch.zeros(attention_mask.shape, dtype=query.dtype).masked_fill_(
                 attention_mask.logical_not(), -math.inf
             )
+        sinks = s_aux
+        if sinks is not None and sinks.requires_grad:
+            sinks = sinks.detach()  # a Parameter: DLPack takes no tensor that requires grad
         if torch.compiler.is_compiling():
             # One node of the graph: the custom op (it cannot write into a
             # view, so the [B][S][H][L] copy is the graph's).
             o = torch.ops.headsum.sdpa(
-                query, key, value, attention_mask, causal, scaling, True, softcap or 0.0,
-                None if s_aux is None else s_aux.detach(),
+                query, key, value, attention_mask, causal, scaling, True, softcap or 0.0, sinks
             )
             return o.transpose(1, 2).contiguous(), None
         out = torch.empty((B, Sq, H, L), dtype=query.dtype)
+        if _direct(query, key, value, attention_mask, causal, scaling, softcap, sinks, out):
+            return out, None
         done = _headsum_torch._native(
-            query,
-            key,
-            value,
-            attention_mask,
-            causal,
-            scaling,
-            True,
-            out=out.transpose(1, 2),
-            softcap=softcap or 0.0,
-            sinks=None if s_aux is None else s_aux.detach(),
+            query, key, value, attention_mask, causal, scaling, True,
+            out=out.transpose(1, 2), softcap=softcap or 0.0, sinks=sinks,
         )
-        if done is None:
-            reason = "a mask headsum cannot read (shape or dtype)"
+        if done is not None:
+            return out, None
+        reason = "a mask headsum cannot read (shape or dtype)"
     if reason is not None:
         kwargs["sliding_window"] = sliding_window
         return _fallback(
