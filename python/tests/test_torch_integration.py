@@ -587,3 +587,31 @@ def test_transformers_model_compiles_with_headsum_in_the_graph(family):
     ops = [n for gm in graphs for n in gm.graph.nodes if n.op == "call_function" and "headsum" in str(n.target)]
     assert len(graphs) == 1 and len(ops) == config.num_hidden_layers
     assert torch.equal(got, want)
+
+
+def test_torch_export_keeps_the_op_and_the_op_has_no_backward():
+    torch.manual_seed(25)
+    block = Block().eval()
+    x = torch.randn(2, 12, 64)
+    mask = torch.ones(2, 1, 12, 12, dtype=torch.bool).tril()
+
+    class Wrapped(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.block = block
+
+        def forward(self, x, mask):
+            return self.block(x, mask, ht.scaled_dot_product_attention)
+
+    with torch.no_grad():
+        exported = torch.export.export(Wrapped(), (x, mask))
+        assert any(n.target == torch.ops.headsum.sdpa.default for n in exported.graph.nodes)
+        assert torch.equal(exported.module()(x, mask), Wrapped()(x, mask))
+    # The op called directly on a tensor that requires grad: torch.library's
+    # error when a backward reaches it (no autograd registered).
+    g = torch.Generator().manual_seed(26)
+    q = rand(g, 1, 2, 4, 8).requires_grad_()
+    k, v = rand(g, 1, 2, 6, 8), rand(g, 1, 2, 6, 8)
+    o = torch.ops.headsum.sdpa(q, k, v)
+    with pytest.raises(RuntimeError, match="no autograd formula"):
+        o.sum().backward()
