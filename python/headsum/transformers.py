@@ -36,6 +36,9 @@ head dim unlike the query's, or a mask it cannot read.  The fallback is
 the model's own eager_attention_forward where the layer needs softcap,
 sinks or the attention weights (the sdpa path has none of them), else
 transformers' sdpa_attention_forward.
+
+Under torch.compile each call is the custom op torch.ops.headsum.sdpa (one
+node per layer, no graph break; the mask then keeps all its rows).
 """
 
 from __future__ import annotations
