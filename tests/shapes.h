@@ -176,9 +176,18 @@ inline std::vector<MhaShape> SmallSweepShapes() {
 // HEADSUM_TEST_SWEEP=small in the environment makes the kernel tests sweep
 // SmallSweepShapes() instead of the full list: scripts/arm.sh sets it for
 // the runs under qemu, where the full sweep takes ~5x as long.
+// HEADSUM_TEST_SWEEP=tiny is small, and the dtype tests (TensorAttention)
+// take every fourth dtype combination instead of every other: scripts/arm.sh
+// sets it for the reference checks at 256 and 512 bits, where qemu runs SVE
+// code about 11x as slowly as at 128 (there TensorAttention's small sweep
+// alone took 67 s of a 109 s run; every combination runs at 128 bits).
+inline bool TinySweepRequested() {
+  const char* e = std::getenv("HEADSUM_TEST_SWEEP");
+  return e != nullptr && std::strcmp(e, "tiny") == 0;
+}
 inline bool SmallSweepRequested() {
   const char* e = std::getenv("HEADSUM_TEST_SWEEP");
-  return e != nullptr && std::strcmp(e, "small") == 0;
+  return e != nullptr && (std::strcmp(e, "small") == 0 || TinySweepRequested());
 }
 
 // The list the kernel tests sweep: FullSweepShapes(), or SmallSweepShapes()
