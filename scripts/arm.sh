@@ -160,8 +160,9 @@ for cpu in "${cpus[@]}"; do
   t0=$(date +%s)
   rc=0
   # The reference checks at 256 and 512 bits on the tiny sweep (tests/shapes.h:
-  # the small one, with a quarter of TensorAttention's dtype combinations,
-  # every one of which runs at 128 bits): 109 -> about 45 s each.
+  # the small sweep's first draw of shapes, a quarter of TensorAttention's
+  # dtype combinations; all of them run at 128 bits): under max,sve256=on
+  # 109 -> 50 s on a 2-core Emerald Rapids class VM.
   sweep=$HEADSUM_TEST_SWEEP
   if [ "${HEADSUM_ARM_ALL_TARGETS:-1}" = 0 ] && [ "$sweep" = small ]; then
     case "$cpu" in max,sve256=on|max) sweep=tiny ;; esac

@@ -1,3 +1,6 @@
+import threading
+import time
+
 import numpy as np
 import pytest
 
@@ -45,3 +48,32 @@ def runnable_targets():
         ok.append(name)
     headsum.set_target(None)
     return ok
+
+
+def assert_releases_gil(call):
+    """Runs call() on a second thread while this one keeps time: with the GIL
+    released this thread never stands still for half the call (a call that
+    held it would stop it for all of it).  The call must take over 50 ms."""
+    span = {}
+    done = threading.Event()
+
+    def worker():
+        span["start"] = time.perf_counter()
+        call()
+        span["end"] = time.perf_counter()
+        done.set()
+
+    t = threading.Thread(target=worker)
+    last = time.perf_counter()
+    gap = 0.0
+    t.start()
+    while not done.is_set():
+        now = time.perf_counter()
+        gap = max(gap, now - last)
+        last = now
+    t.join()
+    took = span["end"] - span["start"]
+    assert took > 0.05, f"the call took only {took * 1e3:.1f} ms: too short to tell"
+    assert gap < 0.5 * took, (
+        f"the main thread stood still for {gap * 1e3:.1f} ms of a {took * 1e3:.1f} ms call"
+    )
