@@ -148,7 +148,7 @@ for cpu in "${cpus[@]}"; do
         exclude+="|/(NEON|SCALAR|SVE_256)( |\$)|^Targets/$f32_only_suites\\.[A-Za-z]+/NEON_BF16( |\$)"
         # SVE2 (scalable) only for the reference checks: at 128 bits it is
         # SVE's code but for a few instructions, and SVE2_128 runs every SVE2
-        # test whole (saves ~95 s of the CI's 45 minutes).
+        # test whole (saves ~95 s of the CI's time).
         exclude+=$(rest_of SVE2) ;;
       max,sve256=on) only=(-R "^Targets/$reference_checks/SVE_256( |\$)") ;;
       max)           only=(-R "^Targets/$reference_checks/SVE( |\$)") ;;
