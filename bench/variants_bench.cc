@@ -285,10 +285,32 @@ double CopyProbe() {
 int main(int argc, char** argv) {
   int rounds = 11, threads = 1;
   std::string filter;
+  // --rounds=N, --threads=N, --filter=S, or each with its value as the next
+  // argument; anything else is refused (it ran every row silently before).
   for (int i = 1; i < argc; ++i) {
-    if (strncmp(argv[i], "--rounds=", 9) == 0) rounds = atoi(argv[i] + 9);
-    if (strncmp(argv[i], "--threads=", 10) == 0) threads = atoi(argv[i] + 10);
-    if (strncmp(argv[i], "--filter=", 9) == 0) filter = argv[i] + 9;
+    const std::string arg = argv[i];
+    std::string value;
+    const size_t eq = arg.find('=');
+    const std::string key = eq == std::string::npos ? arg : arg.substr(0, eq);
+    if (eq != std::string::npos) {
+      value = arg.substr(eq + 1);
+    } else if (i + 1 < argc) {
+      value = argv[++i];
+    }
+    if (key == "--rounds" && !value.empty()) {
+      rounds = atoi(value.c_str());
+    } else if (key == "--threads" && !value.empty()) {
+      threads = atoi(value.c_str());
+    } else if (key == "--filter" && !value.empty()) {
+      filter = value;
+    } else {
+      fprintf(stderr, "usage: %s [--rounds=N] [--threads=N] [--filter=SUBSTRING]\n", argv[0]);
+      return 2;
+    }
+  }
+  if (rounds < 1 || threads < 1) {
+    fprintf(stderr, "--rounds and --threads take a count of at least 1\n");
+    return 2;
   }
   headsum_set_num_threads(threads);
   printf("headsum %s, target %s, %d thread(s), %d rounds\n", headsum_version(),
