@@ -301,6 +301,19 @@ void FillBytes(std::vector<uint8_t>& bytes, Input& in) {
   }
 }
 
+// A small attention shape from the input (fn 12 and 15), its resolved kv
+// heads, and whether its own rules hold.
+headsum_attn_shape SmallAttnShape(Input& in, int64_t* kv, bool* ok) {
+  headsum_attn_shape s = {SmallDim(in), SmallDim(in), 0, SmallSeq(in), SmallSeq(in),
+                          SmallDim(in), in.Scale(), in.Byte() & 1};
+  const uint8_t kvsel = in.Byte();
+  s.kv_heads = kvsel < 128 ? 0 : kvsel < 250 ? 1 + kvsel % 3 : -1;
+  *kv = s.kv_heads == 0 ? s.heads : s.kv_heads;
+  *ok = s.batch > 0 && s.heads > 0 && s.seq_q > 0 && s.seq_kv > 0 && s.head_dim > 0 &&
+        s.kv_heads >= 0 && *kv > 0 && s.heads % *kv == 0 && isfinite(s.scale);
+  return s;
+}
+
 int FuzzTensors(int fn, Input& in) {
   static std::vector<uint8_t> arena(kArenaBytes);
   FillBytes(arena, in);
@@ -309,14 +322,9 @@ int FuzzTensors(int fn, Input& in) {
   bool valid;
   std::vector<View> outs, ins;
   if (fn == 12) {  // attention
-    headsum_attn_shape s = {SmallDim(in), SmallDim(in), 0, SmallSeq(in), SmallSeq(in),
-                            SmallDim(in), in.Scale(), in.Byte() & 1};
-    const uint8_t kvsel = in.Byte();
-    s.kv_heads = kvsel < 128 ? 0 : kvsel < 250 ? 1 + kvsel % 3 : -1;
-    const int64_t kv = s.kv_heads == 0 ? s.heads : s.kv_heads;
-    const bool shape_ok = s.batch > 0 && s.heads > 0 && s.seq_q > 0 && s.seq_kv > 0 &&
-                          s.head_dim > 0 && s.kv_heads >= 0 && kv > 0 && s.heads % kv == 0 &&
-                          isfinite(s.scale);
+    int64_t kv;
+    bool shape_ok;
+    headsum_attn_shape s = SmallAttnShape(in, &kv, &shape_ok);
     if (!shape_ok) {
       View q;
       const int64_t d1[4] = {1, 1, 1, 1};
@@ -626,14 +634,9 @@ int FuzzAttentionEx(Input& in) {
   const int fn = 15;
   static std::vector<uint8_t> arena(kArenaBytes);
   FillArena(arena, in);
-  headsum_attn_shape s = {SmallDim(in), SmallDim(in), 0, SmallSeq(in), SmallSeq(in),
-                          SmallDim(in), in.Scale(), in.Byte() & 1};
-  const uint8_t kvsel = in.Byte();
-  s.kv_heads = kvsel < 128 ? 0 : kvsel < 250 ? 1 + kvsel % 3 : -1;
-  const int64_t kv = s.kv_heads == 0 ? s.heads : s.kv_heads;
-  const bool shape_ok = s.batch > 0 && s.heads > 0 && s.seq_q > 0 && s.seq_kv > 0 &&
-                        s.head_dim > 0 && s.kv_heads >= 0 && kv > 0 && s.heads % kv == 0 &&
-                        isfinite(s.scale);
+  int64_t kv;
+  bool shape_ok;
+  headsum_attn_shape s = SmallAttnShape(in, &kv, &shape_ok);
   const int64_t one[4] = {1, 1, 1, 1};
   const int64_t qd[4] = {s.batch, s.heads, s.seq_q, s.head_dim};
   const int64_t kd[4] = {s.batch, kv, s.seq_kv, s.head_dim};
