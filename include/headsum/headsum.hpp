@@ -668,12 +668,7 @@ class Mha {
   // slices only (headsum_mha_create_shard).
   static Mha shard(const MhaConfig& config, int64_t head_begin, int64_t head_end,
                    const MhaWeights& w) {
-    Mha m;
-    m.config_ = config;
-    const int64_t group = config.kv() > 0 && config.heads % config.kv() == 0
-                              ? config.heads / config.kv() : 1;
-    const int64_t heads = head_end - head_begin;
-    m.check_weights("Mha::shard", w, heads, heads / group);
+    Mha m = unmade_shard(config, head_begin, head_end, w);
     const headsum_mha_config c = config.c();
     check(headsum_mha_create_shard(&c, head_begin, head_end, w.wq.data(), w.wk.data(),
                                    w.wv.data(), w.wo.data(), w.bq.data(), w.bk.data(),
@@ -685,12 +680,7 @@ class Mha {
   // heads' slice.
   static Mha shard(const MhaConfig& config, const AttnOptions& options, int64_t head_begin,
                    int64_t head_end, const MhaWeights& w) {
-    Mha m;
-    m.config_ = config;
-    const int64_t group = config.kv() > 0 && config.heads % config.kv() == 0
-                              ? config.heads / config.kv() : 1;
-    const int64_t heads = head_end - head_begin;
-    m.check_weights("Mha::shard", w, heads, heads / group);
+    Mha m = unmade_shard(config, head_begin, head_end, w);
     const headsum_mha_config c = config.c();
     const headsum_attn_options opt = m.layer_options("Mha::shard", options);
     check(headsum_mha_create_shard_ex(&c, &opt, head_begin, head_end, w.wq.data(), w.wk.data(),
@@ -727,6 +717,18 @@ class Mha {
 
  private:
   Mha() = default;
+  // A shard not yet created: its config, its weights' sizes checked for
+  // heads [head_begin, head_end) (Mha::shard's two forms).
+  static Mha unmade_shard(const MhaConfig& config, int64_t head_begin, int64_t head_end,
+                          const MhaWeights& w) {
+    Mha m;
+    m.config_ = config;
+    const int64_t group = config.kv() > 0 && config.heads % config.kv() == 0
+                              ? config.heads / config.kv() : 1;
+    const int64_t heads = head_end - head_begin;
+    m.check_weights("Mha::shard", w, heads, heads / group);
+    return m;
+  }
   // Each weight holds what the shape needs (a NULL bias is fine).
   void check_weights(const char* fn, const MhaWeights& w, int64_t heads,
                      int64_t kv_heads) const {
