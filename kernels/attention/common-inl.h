@@ -444,6 +444,15 @@ HWY_INLINE V TanhByExp2(D d, V x) {
   return hn::CopySign(t, x);
 }
 
+// 1 / cap2, at most FLT_MAX: a subnormal softcap (finite, so valid) has an
+// inverse beyond f32, and 0 * inf would make a zero score NaN where the
+// capped score is 0 (the fuzz harness found it); x * FLT_MAX still takes
+// tanh to +-1 for any other score.
+inline float CapInverse(float cap2) {
+  const float inv = 1.0f / cap2;
+  return inv < std::numeric_limits<float>::max() ? inv : std::numeric_limits<float>::max();
+}
+
 // What one query row adds to its scores (softcap, ALiBi, bias), the scores
 // in base 2 (s log2(e)): cap2 = softcap log2(e), slope2 = slope log2(e).
 struct RowExtras {
@@ -471,7 +480,7 @@ inline RowExtras ExtrasOf(const AttnDims& a, size_t b, size_t h, size_t i) {
 // extras applied, in the API's order (softcap, then ALiBi, then bias).
 inline void AddRowExtras(const RowExtras& x, size_t j0, size_t n, float* HWY_RESTRICT s) {
   if (x.cap2 > 0.0f) {
-    const float inv = 1.0f / x.cap2;
+    const float inv = CapInverse(x.cap2);
     ForEachVector(n, [&](auto d, size_t j) {
       const auto t = TanhByExp2(d, hn::Mul(hn::LoadU(d, s + j), hn::Set(d, inv)));
       hn::StoreU(hn::Mul(t, hn::Set(d, x.cap2)), d, s + j);
@@ -521,7 +530,7 @@ inline void AddTileExtras(const AttnDims& a, const Block& blk, size_t j0, size_t
   const hn::ScalableTag<float> d;
   const size_t N = hn::Lanes(d);
   if (o.softcap > 0.0f) {
-    const auto cap2 = hn::Set(d, o.softcap * kLog2e), inv = hn::Set(d, 1.0f / (o.softcap * kLog2e));
+    const auto cap2 = hn::Set(d, o.softcap * kLog2e), inv = hn::Set(d, CapInverse(o.softcap * kLog2e));
     for (size_t j = 0; j < nj; ++j) {
       for (size_t c = 0; c < cols; c += N) {
         float* HWY_RESTRICT p = s_t + j * ldw + c;

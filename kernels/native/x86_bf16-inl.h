@@ -525,7 +525,7 @@ inline void GroupExtras(const AttnDims& a, size_t b, size_t h, size_t i0, size_t
   const AttnOptions* o = a.opt;
   const float cap2 = o != nullptr ? o->softcap * kLog2e : 0.0f;
   const __m512 vscale = _mm512_set1_ps(scale2), vcap = _mm512_set1_ps(cap2),
-               vinv_cap = _mm512_set1_ps(cap2 > 0.0f ? 1.0f / cap2 : 0.0f),
+               vinv_cap = _mm512_set1_ps(cap2 > 0.0f ? (1.0f / cap2 < std::numeric_limits<float>::max() ? 1.0f / cap2 : std::numeric_limits<float>::max()) : 0.0f),
                vlog2e = _mm512_set1_ps(kLog2e), vneg_inf = _mm512_set1_ps(kNegInf);
   const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   for (size_t r = 0; r < rows; ++r) {
